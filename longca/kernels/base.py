@@ -1,0 +1,102 @@
+"""The kernel adapter protocol: capabilities as data, one thin callable per kernel.
+
+Tensors are handed to kernels in the adapter's declared `layout`:
+- "bshd": (batch, seqlen, heads, head_dim)   (flash-attn style)
+- "bhsd": (batch, heads, seqlen, head_dim)   (SDPA / FlexAttention style)
+- "thd":  (total_tokens, heads, head_dim)    (varlen: batch folded into packed documents)
+The runner builds inputs directly in that layout, outside the timed region.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+import torch
+
+from longca.masks.mask import Mask
+
+# Mask forms: how a kernel can be told which pairs to attend. A mask offers a subset
+# (longca.masks.forms.forms_of); a kernel accepts a subset; the planner intersects them.
+MASK_FORMS = (
+    "full",  # no mask at all
+    "causal",  # the kernel's built-in causal flag (top-left aligned, Sq == Sk)
+    "window",  # (left, right) sliding window sizes, optionally causal
+    "varlen",  # packed documents via cu_seqlens, each document full or causal
+    "dense",  # an explicit boolean (S, S) tensor: memory O(S^2), small S only
+    "blockmask",  # FlexAttention BlockMask + mask_mod built from the slices
+    "slices",  # the slice array itself (kernels that take (q_range, k_range, kind) lists)
+    "block_sparse",  # block-level kept-block lists (per KV head)
+)
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
+PASSES = ("fwd", "bwd", "fwd_bwd")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a kernel can run, declared as data. The planner marks every other cell unsupported."""
+
+    mask_forms: frozenset[str]
+    dtypes: frozenset[str]
+    devices: frozenset[str] = frozenset({"cuda"})
+    head_dims: frozenset[int] | None = None  # None: any
+    gqa: bool = True
+    backward: bool = True
+    min_compute_capability: tuple[int, int] | None = None
+    max_compute_capability: tuple[int, int] | None = None
+    package: str | None = None  # import name that must be importable
+    family: str = "softmax"  # softmax | linear (FLOP model differs)
+    masks: frozenset[str] | None = None  # restrict to named masks (None: by form)
+
+    def __post_init__(self) -> None:
+        unknown = set(self.mask_forms) - set(MASK_FORMS)
+        if unknown:
+            raise ValueError(f"unknown mask forms {sorted(unknown)}; allowed: {MASK_FORMS}")
+
+
+@dataclass
+class Prepared:
+    """What a kernel needs for one (mask, shape): built once, outside the timed region.
+
+    `build_s` records mask construction (and compilation where the adapter does it eagerly).
+    `info` lands in the row (for example which SDPA backend ran)."""
+
+    call: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+    layout: str
+    build_s: float = 0.0
+    compile_s: float = 0.0
+    info: dict[str, Any] = field(default_factory=dict)
+    # Optional custom input factory: varlen kernels pack documents; returns (q, k, v).
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Kernel(Protocol):
+    name: str
+    caps: Capabilities
+    layout: str
+    description: str
+
+    def prepare(self, mask: Mask, *, batch: int, heads_q: int, heads_kv: int, head_dim: int,
+                dtype: torch.dtype, device: torch.device, form: str) -> Prepared:
+        """Convert the mask to `form` and return the callable (q, k, v) -> out in `layout`."""
+        ...
+
+
+def package_available(name: str | None) -> bool:
+    if name is None:
+        return True
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def to_layout(x: torch.Tensor, src: str, dst: str) -> torch.Tensor:
+    """Convert between "bshd" and "bhsd" (both 4-d)."""
+    if src == dst:
+        return x
+    if {src, dst} == {"bshd", "bhsd"}:
+        return x.transpose(1, 2)
+    raise ValueError(f"cannot convert layout {src} -> {dst}")

@@ -1,0 +1,147 @@
+"""The versioned Arrow schema of a result row: the contract users' SQL relies on.
+
+Columns are only ever added (with a schema_version bump); none is renamed or removed.
+Nested or variable data (per-iteration samples, per-rank figures, mask parameters) is stored as
+lists or JSON strings so one schema serves kernel, sparse, linear and context-parallel rows.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+
+STATUSES = ("ok", "unsupported", "oom", "error", "timeout", "incorrect")
+
+_FIELDS: list[tuple[str, pa.DataType, str]] = [
+    # identity
+    ("schema_version", pa.int32(), "version of this schema"),
+    ("spec", pa.string(), "spec name"),
+    ("sweep", pa.string(), "sweep (matrix) name inside the spec"),
+    ("cell_id", pa.string(), "stable, readable id of the cell"),
+    ("cell_digest", pa.string(), "hash of every field that defines the cell"),
+    ("run_id", pa.string(), "id of the process run that measured the row"),
+    ("env_id", pa.string(), "hash of the environment facts (machine, versions)"),
+    ("kernel", pa.string(), "kernel adapter name"),
+    ("kernel_family", pa.string(), "softmax | linear"),
+    ("pass", pa.string(), "fwd | bwd | fwd_bwd"),
+    # shape
+    ("batch", pa.int32(), ""),
+    ("seqlen_q", pa.int64(), "query tokens (per batch element, global for CP)"),
+    ("seqlen_k", pa.int64(), ""),
+    ("heads_q", pa.int32(), ""),
+    ("heads_kv", pa.int32(), ""),
+    ("head_dim", pa.int32(), ""),
+    ("head_dim_v", pa.int32(), ""),
+    ("dtype", pa.string(), ""),
+    ("layout", pa.string(), "bshd | bhsd | thd"),
+    # mask
+    ("mask", pa.string(), "mask pattern name"),
+    ("mask_family", pa.string(), "regular | heterogeneous | dynamic"),
+    ("mask_params", pa.string(), "JSON of the resolved mask parameters"),
+    ("mask_form", pa.string(), "form handed to the kernel (causal, varlen, blockmask, dense, ...)"),
+    ("distribution", pa.string(), "document length distribution, if any"),
+    ("seed", pa.int64(), ""),
+    ("mask_sample", pa.int32(), "sample index of a sampled mask"),
+    ("mask_samples", pa.int32(), "samples taken for this cell"),
+    ("num_documents", pa.int32(), ""),
+    ("mask_area", pa.int64(), "exact attended (q, k) pairs per head, summed over the batch"),
+    ("density", pa.float64(), "mask_area / (batch * Sq * Sk)"),
+    ("block_size", pa.int32(), "block-sparse block size"),
+    ("score_source", pa.string(), "block-sparse scores: random | importance"),
+    ("variable_blocks", pa.bool_(), ""),
+    # context parallelism
+    ("world_size", pa.int32(), "processes (GPUs) of the cell; 1 for a single device"),
+    ("cp_mechanism", pa.string(), "null for a single device"),
+    ("cp_degrees", pa.string(), "JSON, e.g. {\"ulysses\": 2, \"ring\": 2}"),
+    ("cp_balance", pa.string(), "sharding: contiguous | zigzag | document"),
+    ("rank_ms", pa.list_(pa.float64()), "median time per rank"),
+    ("rank_area", pa.list_(pa.int64()), "attended area computed by each rank"),
+    ("rank_bytes_sent", pa.list_(pa.int64()), "bytes sent per rank per iteration"),
+    ("rank_peak_mem_bytes", pa.list_(pa.int64()), ""),
+    ("comm_exposed_ms", pa.float64(), "communication time not hidden behind compute"),
+    # timing
+    ("timer", pa.string(), "cuda_events | cpu_monotonic | do_bench"),
+    ("warmup_iters", pa.int32(), ""),
+    ("timed_iters", pa.int32(), ""),
+    ("l2_flush", pa.bool_(), ""),
+    ("samples_ms", pa.list_(pa.float64()), "per-iteration times"),
+    ("median_ms", pa.float64(), ""),
+    ("p20_ms", pa.float64(), ""),
+    ("p80_ms", pa.float64(), ""),
+    ("mask_build_s", pa.float64(), "mask construction, outside kernel time"),
+    ("compile_s", pa.float64(), "compilation / autotune, outside kernel time"),
+    ("cell_wall_s", pa.float64(), "wall time of the whole cell"),
+    ("flops", pa.float64(), "FLOPs of one timed iteration (exact mask area)"),
+    ("flop_model", pa.string(), "softmax_exact_area | linear_<family>"),
+    ("tflops", pa.float64(), "flops / median time; per-GPU for CP"),
+    ("tokens_per_s", pa.float64(), "batch * seqlen_q / median time"),
+    ("peak_mem_bytes", pa.int64(), "peak allocated device memory"),
+    # numerics
+    ("rel_err_out", pa.float64(), "||out - ref|| / ||ref||"),
+    ("rel_err_dq", pa.float64(), ""),
+    ("rel_err_dk", pa.float64(), ""),
+    ("rel_err_dv", pa.float64(), ""),
+    ("check_seqlen", pa.int64(), "length at which the correctness check ran"),
+    ("backend", pa.string(), "backend that actually ran (SDPA: flash / efficient / cudnn / math)"),
+    # status
+    ("status", pa.string(), "ok | unsupported | oom | error | timeout | incorrect"),
+    ("reason", pa.string(), "why, for every status but ok"),
+    # environment (a chosen list of facts, never the whole environment)
+    ("device", pa.string(), "cpu | cuda"),
+    ("device_name", pa.string(), ""),
+    ("device_count", pa.int32(), ""),
+    ("compute_capability", pa.string(), ""),
+    ("driver", pa.string(), ""),
+    ("cuda", pa.string(), ""),
+    ("torch", pa.string(), ""),
+    ("cudnn", pa.string(), ""),
+    ("triton", pa.string(), ""),
+    ("packages", pa.string(), "JSON of relevant package versions"),
+    ("host", pa.string(), "host name"),
+    ("git_commit", pa.string(), ""),
+    ("longca_version", pa.string(), ""),
+    ("clock_start_mhz", pa.int32(), "SM clock at cell start"),
+    ("clock_end_mhz", pa.int32(), ""),
+    ("throttle_reasons", pa.string(), ""),
+    ("timestamp", pa.timestamp("us", tz="UTC"), "when the row was measured"),
+]
+
+SCHEMA = pa.schema([pa.field(n, t, nullable=True, metadata={"doc": d} if d else None) for n, t, d in _FIELDS])
+COLUMNS = [n for n, _, _ in _FIELDS]
+REQUIRED = ("kernel", "mask", "pass", "seqlen_q", "seqlen_k", "batch", "heads_q", "heads_kv", "head_dim",
+            "dtype", "world_size", "cp_mechanism", "status", "reason", "median_ms", "p20_ms", "p80_ms",
+            "tflops", "mask_area", "peak_mem_bytes", "device_name", "schema_version")
+
+
+def to_table(rows: list[dict[str, Any]]) -> pa.Table:
+    """Rows (dicts) -> a table with exactly SCHEMA; unknown keys are a bug and raise."""
+    for row in rows:
+        extra = set(row) - set(COLUMNS)
+        if extra:
+            raise KeyError(f"row has columns outside the schema: {sorted(extra)}")
+        if row.get("status") not in STATUSES:
+            raise ValueError(f"status {row.get('status')!r} not in {STATUSES}")
+    cols = {}
+    for f in SCHEMA:
+        vals = []
+        for row in rows:
+            v = row.get(f.name)
+            if f.name == "schema_version" and v is None:
+                v = SCHEMA_VERSION
+            if isinstance(v, (dict, tuple)) and pa.types.is_string(f.type):
+                v = json.dumps(v, sort_keys=True)
+            vals.append(v)
+        cols[f.name] = pa.array(vals, type=f.type)
+    return pa.table(cols, schema=SCHEMA)
+
+
+def schema_markdown() -> str:
+    """The README's schema table, generated from the one definition above."""
+    lines = ["| column | type | meaning |", "| --- | --- | --- |"]
+    for n, t, d in _FIELDS:
+        lines.append(f"| `{n}` | {t} | {d} |")
+    return "\n".join(lines)
