@@ -1,0 +1,1 @@
+"""One module per `longca` subcommand; each defines add_parser(subparsers)."""

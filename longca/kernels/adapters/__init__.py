@@ -1,0 +1,1 @@
+"""One module per kernel adapter; each calls longca.kernels.registry.register on import."""
