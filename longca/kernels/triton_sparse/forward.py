@@ -1,0 +1,153 @@
+"""Block-sparse attention forward: FlashAttention-2 online softmax over the kept key blocks.
+
+One program per (query tile, batch x query head). It walks the CSR row of its query block (the
+kept key blocks of its KV head) tile by tile, keeps a running max and sum in base 2 (the softmax
+scale times log2(e) folded into one multiply), accumulates in fp32 and writes the output and the
+row log-sum-exp (natural log; -inf for a row with no kept block, whose output is 0).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from longca.kernels.triton_sparse.plan import SparsePlan
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _fwd_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, n0, k_hi, offs_n, stride_kn, stride_vn, qk_scale,
+              MASK_K: tl.constexpr):
+    """One BLOCK_N key tile starting at row n0 (keys >= k_hi masked when MASK_K)."""
+    if MASK_K:
+        valid = (n0 + offs_n) < k_hi
+        k = tl.load(k_ptrs + n0 * stride_kn, mask=valid[None, :], other=0.0)
+        v = tl.load(v_ptrs + n0 * stride_vn, mask=valid[:, None], other=0.0)
+    else:
+        k = tl.load(k_ptrs + n0 * stride_kn)
+        v = tl.load(v_ptrs + n0 * stride_vn)
+    qk = tl.dot(q, k)
+    if MASK_K:
+        qk = tl.where(valid[None, :], qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+    p = tl.math.exp2(qk * qk_scale - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    acc = tl.dot(p.to(v.dtype), v, acc)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _fwd_kernel(Q, K, V, Out, Lse,
+                stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks,
+                stride_vb, stride_vh, stride_vs, stride_ob, stride_oh, stride_os,
+                tile_start, tile_end, tile_block, row_ptr, row_idx, k_bounds,
+                heads_q, group, n_q_blocks, seqlen_q, qk_scale,
+                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                K_BLOCK: tl.constexpr, EVEN_M: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // heads_q
+    h = pid_bh % heads_q
+    hk = h // group
+    m0 = tl.load(tile_start + pid_m)
+    m_hi = tl.load(tile_end + pid_m)
+    qblk = tl.load(tile_block + pid_m)
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    Q += b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+    K += b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh
+    V += b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh
+    q_ptrs = Q + offs_m[:, None].to(tl.int64) * stride_qs + offs_d[None, :]
+    k_ptrs = K + offs_n[None, :].to(tl.int64) * stride_ks + offs_d[:, None]  # (D, BLOCK_N): K^T
+    v_ptrs = V + offs_n[:, None].to(tl.int64) * stride_vs + offs_d[None, :]
+    row_ok = offs_m < m_hi
+    if EVEN_M:
+        q = tl.load(q_ptrs)
+    else:
+        q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    row = hk * n_q_blocks + qblk
+    lo = tl.load(row_ptr + row)
+    hi = tl.load(row_ptr + row + 1)
+    if K_BLOCK > 0:
+        # Uniform key blocks: one flat loop over (kept block, tile) pairs, no masks.
+        TILES: tl.constexpr = K_BLOCK // BLOCK_N
+        for it in range(lo * TILES, hi * TILES):
+            kblk = tl.load(row_idx + it // TILES)
+            n0 = kblk * K_BLOCK + (it % TILES) * BLOCK_N
+            acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, n0, 0, offs_n,
+                                      stride_ks, stride_vs, qk_scale, False)
+    else:
+        # Variable key blocks: each block is a run of tiles, the last one ragged.
+        for p in range(lo, hi):
+            kblk = tl.load(row_idx + p)
+            k_lo = tl.load(k_bounds + kblk)
+            k_hi = tl.load(k_bounds + kblk + 1)
+            for n0 in range(k_lo, k_hi, BLOCK_N):
+                acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, n0, k_hi, offs_n,
+                                          stride_ks, stride_vs, qk_scale, True)
+    empty = l_i == 0.0
+    acc = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+    o_ptrs = Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh \
+        + offs_m[:, None].to(tl.int64) * stride_os + offs_d[None, :]
+    lse_ptrs = Lse + pid_bh.to(tl.int64) * seqlen_q + offs_m
+    if EVEN_M:
+        tl.store(o_ptrs, acc.to(Out.dtype.element_ty))
+        tl.store(lse_ptrs, lse)
+    else:
+        tl.store(o_ptrs, acc.to(Out.dtype.element_ty), mask=row_ok[:, None])
+        tl.store(lse_ptrs, lse, mask=row_ok)
+
+
+def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: SparsePlan) -> tuple[int, int, int, int]:
+    """Validate (batch, heads, seqlen, head_dim) inputs against the plan; returns (B, Hq, Hkv, D)."""
+    if q.dim() != 4 or k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
+        raise ValueError(f"expected bhsd q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    b, hq, sq, d = q.shape
+    hkv, sk = k.shape[1], k.shape[2]
+    if (sq, sk) != (plan.seqlen_q, plan.seqlen_k):
+        raise ValueError(f"sequence lengths {(sq, sk)} differ from the plan's {(plan.seqlen_q, plan.seqlen_k)}")
+    if hkv != plan.heads_kv or hq % hkv:
+        raise ValueError(f"heads {hq}:{hkv} do not fit the plan's {plan.heads_kv} KV heads")
+    if d < 16 or d & (d - 1):
+        raise ValueError(f"head_dim must be a power of two >= 16, got {d}")
+    for t in (q, k, v):
+        if t.stride(-1) != 1:
+            raise ValueError("the last dimension must be contiguous")
+    return b, hq, hkv, d
+
+
+def k_block_constexpr(plan: SparsePlan, block_n: int) -> int:
+    """K_BLOCK for the kernels: the uniform key block size when tiles divide it, else 0."""
+    return plan.uniform_k if plan.uniform_k and plan.uniform_k % block_n == 0 else 0
+
+
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: SparsePlan,
+            sm_scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block-sparse attention of bhsd q, k, v; returns (out bhsd, lse (B, Hq, Sq) float32)."""
+    b, hq, hkv, d = check_inputs(q, k, v, plan)
+    sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
+    out = torch.empty_like(q)
+    lse = torch.empty((b, hq, plan.seqlen_q), device=q.device, dtype=torch.float32)
+    cfg, tiles = plan.config.fwd, plan.fwd_q
+    grid = (tiles.count, b * hq)
+    _fwd_kernel[grid](
+        q, k, v, out, lse,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
+        tiles.start, tiles.end, tiles.block, plan.rows.ptr, plan.rows.idx, plan.k_bounds,
+        hq, hq // hkv, plan.n_q_blocks, plan.seqlen_q, sm_scale * LOG2E,
+        HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        K_BLOCK=k_block_constexpr(plan, cfg.block_n), EVEN_M=tiles.even,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return out, lse
