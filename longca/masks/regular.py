@@ -20,17 +20,17 @@ def causal(seqlen_q: int, seqlen_k: int) -> np.ndarray:
     return sl.band_slices(0, seqlen_q, 0, seqlen_k, -INF, 0)
 
 
-def _doc_bounds(documents: Sequence[int]) -> list[tuple[int, int]]:
+def doc_bounds(documents: Sequence[int]) -> list[tuple[int, int]]:
     ends = np.cumsum(documents)
     return [(int(e - d), int(e)) for d, e in zip(documents, ends)]
 
 
 def full_document(documents: Sequence[int]) -> np.ndarray:
-    return sl.make_slices([(s, e, s, e, sl.Kind.FULL) for s, e in _doc_bounds(documents)])
+    return sl.make_slices([(s, e, s, e, sl.Kind.FULL) for s, e in doc_bounds(documents)])
 
 
 def causal_document(documents: Sequence[int]) -> np.ndarray:
-    return sl.concat([sl.band_slices(s, e, s, e, -INF, 0) for s, e in _doc_bounds(documents)])
+    return sl.concat([sl.band_slices(s, e, s, e, -INF, 0) for s, e in doc_bounds(documents)])
 
 
 def sliding_window(seqlen: int, window: int) -> np.ndarray:
