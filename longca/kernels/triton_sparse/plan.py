@@ -88,6 +88,14 @@ class SparsePlan:
     dkdv_k: Tiles = field(repr=False)
     area_per_kv_head: np.ndarray = field(repr=False)  # exact attended pairs, int64
 
+    @property
+    def fast_path(self) -> bool:
+        """True when every pass walks whole tiles with no ragged-edge masks."""
+        c = self.config
+        return bool(self.uniform_q and self.uniform_k
+                    and all(self.uniform_q % t.block_m == 0 and self.uniform_k % t.block_n == 0
+                            for t in (c.fwd, c.dkdv, c.dq)))
+
 
 def _pow2_divisor(block: int, cap: int) -> int:
     """Largest power of two <= cap dividing block (>= 16), or 0 if none."""

@@ -1,0 +1,61 @@
+"""longca's own Triton block-sparse attention (longca.kernels.triton_sparse).
+
+Takes the mask's BlockLayout (uniform or variable blocks, per-KV-head kept lists) as CSR index
+tables built in prepare() (timed as build_s); Triton compiles on the first call (the warm-up).
+Forward and backward; GQA by indexing the KV head inside the kernels (no K/V repeat).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from longca.kernels.base import Capabilities, Prepared
+from longca.kernels.registry import register
+from longca.masks.mask import Mask
+
+
+class TritonBlockSparse:
+    name = "triton_block_sparse"
+    layout = "bhsd"
+    description = "longca Triton block-sparse attention (FA2-style fwd+bwd, CSR block lists, GQA)"
+    caps = Capabilities(
+        mask_forms=frozenset({"block_sparse"}),
+        dtypes=frozenset({"bfloat16", "float16"}),
+        devices=frozenset({"cuda"}),
+        head_dims=frozenset({64, 128, 256}),
+        gqa=True,
+        backward=True,
+        min_compute_capability=(8, 0),
+        package="triton",
+    )
+
+    def prepare(self, mask: Mask, *, batch: int, heads_q: int, heads_kv: int, head_dim: int,
+                dtype: torch.dtype, device: torch.device, form: str, config=None) -> Prepared:
+        from longca.kernels.triton_sparse.api import block_sparse_attention
+        from longca.kernels.triton_sparse.configs import default_config
+        from longca.kernels.triton_sparse.plan import build_plan
+
+        if form != "block_sparse":
+            raise ValueError(f"{self.name} takes the block_sparse form, not {form!r}")
+        if mask.blocks is None:
+            raise ValueError(f"mask {mask.name!r} carries no BlockLayout")
+        if mask.blocks.heads != heads_kv or heads_q % heads_kv:
+            raise ValueError(f"mask has {mask.blocks.heads} KV heads; cell has {heads_q}:{heads_kv}")
+        device = torch.device(device)
+        t0 = time.perf_counter()
+        plan = build_plan(mask.blocks, device, config or default_config(head_dim))
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        build_s = time.perf_counter() - t0
+
+        def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return block_sparse_attention(q, k, v, plan)
+
+        info = {"tiles": plan.config.as_dict(), "uniform_block": mask.blocks.uniform_block,
+                "fast_path": plan.fast_path}
+        return Prepared(call=call, layout=self.layout, build_s=build_s, info=info)
+
+
+register(TritonBlockSparse())
