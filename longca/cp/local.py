@@ -1,0 +1,350 @@
+"""The per-rank attention of one (rank, ring step): a kernel over local q, k, v and a sub-mask.
+
+Every local kernel offers
+    prepare(slices, seqlen_q, seqlen_k, device) -> SubMask     (outside the timed region)
+    fwd(q, k, v, sub) -> (out, lse)
+    bwd(dout, q, k, v, out, lse, sub) -> (dq, dk, dv)
+with q (B, Hq, Sq, D), k and v (B, Hkv, Sk, D) (Hq a multiple of Hkv), out float32 (float64 for
+float64 inputs) and lse of shape (B, Hq, Sq) in natural log, -inf on rows with no key.
+In `bwd`, `out` and `lse` are the GLOBAL (combined) output and LSE: with them every step's
+gradient is exactly its additive share (P = exp(S scale - lse) is the global softmax restricted
+to this step's keys; D = rowsum(dO * O) is global), as in ring-flash-attention.
+
+Kernels: naive (dense mask, explicit formulas, any device and dtype, small S), flex
+(FlexAttention BlockMask; backward through autograd with the LSE identity), sdpa_flash and
+sdpa_cudnn (CUDA; the sub-mask is cut into FULL and square CAUSAL rectangles, one call each).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from longca.masks import slices as sl
+
+
+class Unsupported(ValueError):
+    """A combination this kernel or mechanism cannot run; becomes an `unsupported` row."""
+
+
+@dataclass
+class SubMask:
+    slices: np.ndarray
+    seqlen_q: int
+    seqlen_k: int
+    area: int
+    form: Any = None  # kernel-specific: dense tensor, BlockMask, rectangle list
+
+    @property
+    def empty(self) -> bool:
+        return self.area == 0
+
+
+@dataclass(frozen=True)
+class LocalCaps:
+    """What a local kernel can run, as data (checked before any process communicates)."""
+
+    devices: frozenset[str]
+    dtypes: frozenset[str]
+    kinds: frozenset[int]  # slice kinds it accepts
+    note: str = ""
+
+
+def acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _gqa(q: torch.Tensor, k: torch.Tensor) -> int:
+    hq, hk = q.shape[1], k.shape[1]
+    if hq % hk:
+        raise Unsupported(f"heads_q={hq} is not a multiple of heads_kv={hk}")
+    return hq // hk
+
+
+# ---------------------------------------------------------------------------------------- naive
+class Naive:
+    """Dense scores and an explicit backward. Memory O(B Hq Sq Sk): references and small S only."""
+
+    name = "naive"
+    caps = LocalCaps(frozenset({"cpu", "cuda"}), frozenset({"float64", "float32", "bfloat16", "float16"}),
+                     frozenset(int(k) for k in sl.Kind), "dense mask; O(S^2) memory")
+
+    def prepare(self, slices: np.ndarray, seqlen_q: int, seqlen_k: int, device: torch.device) -> SubMask:
+        dense = torch.from_numpy(sl.to_dense(slices, seqlen_q, seqlen_k)).to(device)
+        return SubMask(slices, seqlen_q, seqlen_k, sl.area(slices), dense)
+
+    @staticmethod
+    def _scores(q, k, sub):
+        g = _gqa(q, k)
+        b, hq, sq, d = q.shape
+        a = acc_dtype(q.dtype)
+        qg = q.to(a).view(b, hq // g, g, sq, d)
+        s = qg @ k.to(a).unsqueeze(2).transpose(-1, -2) / math.sqrt(d)
+        return s, g  # (B, Hkv, G, Sq, Sk)
+
+    def fwd(self, q, k, v, sub):
+        b, hq, sq, d = q.shape
+        s, g = self._scores(q, k, sub)
+        s = s.masked_fill(~sub.form, float("-inf"))
+        lse = torch.logsumexp(s, dim=-1)
+        p = torch.where(sub.form & torch.isfinite(lse).unsqueeze(-1), torch.exp(s - lse.unsqueeze(-1)), 0.0)
+        out = p @ v.to(s.dtype).unsqueeze(2)
+        return out.reshape(b, hq, sq, -1), lse.reshape(b, hq, sq)
+
+    def bwd(self, dout, q, k, v, out, lse, sub):
+        b, hq, sq, d = q.shape
+        hk = k.shape[1]
+        s, g = self._scores(q, k, sub)
+        a = s.dtype
+        lse5 = lse.to(a).view(b, hk, g, sq, 1)
+        p = torch.where(sub.form & torch.isfinite(lse5), torch.exp(s - lse5), 0.0)
+        do = dout.to(a).view(b, hk, g, sq, -1)
+        o = out.to(a).view(b, hk, g, sq, -1)
+        dv = (p.transpose(-1, -2) @ do).sum(2)
+        dp = do @ v.to(a).unsqueeze(2).transpose(-1, -2)
+        delta = (do * o).sum(-1, keepdim=True)
+        ds = p * (dp - delta) / math.sqrt(d)
+        dq = (ds @ k.to(a).unsqueeze(2)).reshape(b, hq, sq, d)
+        dk = (ds.transpose(-1, -2) @ q.to(a).view(b, hk, g, sq, d)).sum(2)
+        return dq, dk, dv
+
+
+# ----------------------------------------------------------------------------------------- flex
+def row_intervals(slices: np.ndarray, seqlen_q: int) -> tuple[np.ndarray, np.ndarray]:
+    """(lo, hi) arrays of shape (seqlen_q, J): each query row's allowed keys are the union of
+    [lo[q, j], hi[q, j]) over j (J = most slices covering one row; unused columns are empty)."""
+    s = np.asarray(slices).reshape(-1, 5)
+    cover = np.zeros(seqlen_q + 1, dtype=np.int64)
+    for row in s:
+        cover[row[0]] += 1
+        cover[row[1]] -= 1
+    width = max(1, int(np.cumsum(cover).max(initial=0)))
+    lo = np.zeros((seqlen_q, width), dtype=np.int64)
+    hi = np.zeros((seqlen_q, width), dtype=np.int64)
+    used = np.zeros(seqlen_q, dtype=np.int64)
+    for row in s:
+        q = np.arange(row[0], row[1])
+        a, b = sl.row_bounds(row, q)
+        col = used[row[0]:row[1]]
+        lo[q, col] = a
+        hi[q, col] = b
+        used[row[0]:row[1]] += 1
+    return lo, hi
+
+
+def mask_mod_from_slices(slices: np.ndarray, seqlen_q: int, device: torch.device) -> Callable:
+    """A FlexAttention mask_mod allowing exactly the slices' pairs (per-row interval lookup)."""
+    lo_np, hi_np = row_intervals(slices, seqlen_q)
+    lo = torch.from_numpy(lo_np).to(device=device, dtype=torch.int32)
+    hi = torch.from_numpy(hi_np).to(device=device, dtype=torch.int32)
+    width = lo.shape[1]
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        ok = (kv_idx >= lo[q_idx, 0]) & (kv_idx < hi[q_idx, 0])
+        for j in range(1, width):
+            ok = ok | ((kv_idx >= lo[q_idx, j]) & (kv_idx < hi[q_idx, j]))
+        return ok
+
+    return mask_mod
+
+
+def bwd_by_autograd(fwd: Callable, dout, q, k, v, out, lse):
+    """Gradients of one step's share of the combined output, given a differentiable local forward
+    fwd(q, k, v) -> (out_i, lse_i). With w_i = exp(lse_i - L) the combined O = sum_i w_i out_i, so
+    dL/dout_i = w_i dO and dL/dlse_i = w_i rowsum(dO * (out_i - O))."""
+    with torch.enable_grad():
+        qi, ki, vi = (t.detach().requires_grad_(True) for t in (q, k, v))
+        o_i, l_i = fwd(qi, ki, vi)
+        a = acc_dtype(q.dtype)
+        L = lse.to(a)
+        w = torch.where(torch.isfinite(l_i) & torch.isfinite(L), torch.exp(l_i.to(a) - L), 0.0)
+        g_out = (w.unsqueeze(-1) * dout.to(a)).to(o_i.dtype)
+        g_lse = (w * (dout.to(a) * (o_i.to(a) - out.to(a))).sum(-1)).to(l_i.dtype)
+        dq, dk, dv = torch.autograd.grad((o_i, l_i), (qi, ki, vi), (g_out, g_lse))
+    return dq.to(a), dk.to(a), dv.to(a)
+
+
+class Flex:
+    """FlexAttention with a BlockMask built from the sub-mask's slices (compiled on CUDA)."""
+
+    name = "flex"
+    caps = LocalCaps(frozenset({"cpu", "cuda"}), frozenset({"float64", "float32", "bfloat16", "float16"}),
+                     frozenset(int(k) for k in sl.Kind), "backward needs CUDA (FlexAttention has no CPU backward)")
+
+    def __init__(self) -> None:
+        self._fn = None
+
+    def _flex(self, device: torch.device):
+        if self._fn is None:
+            from torch.nn.attention.flex_attention import flex_attention
+
+            self._fn = torch.compile(flex_attention, dynamic=False) if device.type == "cuda" else flex_attention
+        return self._fn
+
+    def prepare(self, slices, seqlen_q, seqlen_k, device):
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        area = sl.area(slices)
+        bm = None
+        if area:
+            try:  # the masks package's direct slices -> BlockMask builder, when present
+                from longca.masks.flex import to_block_mask  # type: ignore
+
+                bm = to_block_mask(slices, seqlen_q, seqlen_k, device=device)
+            except (ImportError, AttributeError, TypeError):
+                mm = mask_mod_from_slices(slices, seqlen_q, device)
+                bm = create_block_mask(mm, None, None, seqlen_q, seqlen_k, device=device,
+                                       _compile=device.type == "cuda")
+        return SubMask(slices, seqlen_q, seqlen_k, area, bm)
+
+    def _call(self, q, k, v, sub):
+        from torch.nn.attention.flex_attention import AuxRequest
+
+        out, aux = self._flex(q.device)(q, k, v, block_mask=sub.form, scale=1.0 / math.sqrt(q.shape[-1]),
+                                        enable_gqa=q.shape[1] != k.shape[1], return_aux=AuxRequest(lse=True))
+        return out, aux.lse
+
+    def fwd(self, q, k, v, sub):
+        out, lse = self._call(q, k, v, sub)
+        a = acc_dtype(q.dtype)
+        return out.to(a), lse.to(a)
+
+    def bwd(self, dout, q, k, v, out, lse, sub):
+        if q.device.type != "cuda":
+            raise Unsupported("flex backward needs CUDA: FlexAttention has no CPU backward")
+        return bwd_by_autograd(lambda a, b, c: self._call(a, b, c, sub), dout, q, k, v, out, lse)
+
+
+# ----------------------------------------------------------------------------------------- sdpa
+def rectangles(slices: np.ndarray) -> list[tuple[int, int, int, int, bool]]:
+    """Cut FULL / CAUSAL slices into (q0, q1, k0, k1, causal) rectangles whose causal ones are
+    square (what SDPA's is_causal means when Sq == Sk). INVCAUSAL / BICAUSAL raise Unsupported."""
+    out = []
+    for q0, q1, k0, k1, kind in np.asarray(slices).reshape(-1, 5).tolist():
+        m, n = q1 - q0, k1 - k0
+        if kind == sl.Kind.FULL:
+            out.append((q0, q1, k0, k1, False))
+        elif kind == sl.Kind.CAUSAL:
+            if n >= m:  # bottom-right aligned: a full block left of a square triangle
+                if n > m:
+                    out.append((q0, q1, k0, k1 - m, False))
+                out.append((q0, q1, k1 - m, k1, True))
+            else:  # the first m - n rows see nothing
+                out.append((q1 - n, q1, k0, k1, True))
+        else:
+            raise Unsupported(f"sdpa local kernels take FULL and CAUSAL rectangles; this sub-mask has a "
+                              f"{sl.Kind(kind).name} slice (use local_kernel 'flex')")
+    return out
+
+
+class Sdpa:
+    """torch's fused SDPA ops that take and return the log-sum-exp (flash = FA2 inside torch, or
+    cuDNN). GQA: KV heads are repeated to Hq for the call and their gradients summed back."""
+
+    caps = LocalCaps(frozenset({"cuda"}), frozenset({"bfloat16", "float16"}),
+                     frozenset({int(sl.Kind.FULL), int(sl.Kind.CAUSAL)}), "FULL / CAUSAL sub-masks only")
+
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+        self.name = f"sdpa_{backend}"
+        self._tmpl: dict[Any, Any] = {}
+
+    def prepare(self, slices, seqlen_q, seqlen_k, device):
+        return SubMask(slices, seqlen_q, seqlen_k, sl.area(slices), rectangles(slices))
+
+    def _fwd_op(self, q, k, v, causal):
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        if self.backend == "flash":
+            r = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)
+        else:
+            r = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal, False, scale=scale)
+        return r
+
+    def _template(self, q):
+        """Auxiliary arguments of the backward ops (rng state, undefined varlen offsets), taken once
+        from a tiny forward: with dropout 0 they carry no data."""
+        key = (q.device, q.dtype, q.shape[-1])
+        if key not in self._tmpl:
+            t = torch.zeros(1, 1, 128, q.shape[-1], device=q.device, dtype=q.dtype)
+            self._tmpl[key] = self._fwd_op(t, t, t, False)
+        return self._tmpl[key]
+
+    def fwd(self, q, k, v, sub):
+        g = _gqa(q, k)
+        b, hq, sq, d = q.shape
+        a = acc_dtype(q.dtype)
+        out = torch.zeros(b, hq, sq, v.shape[-1], device=q.device, dtype=a)
+        lse = torch.full((b, hq, sq), float("-inf"), device=q.device, dtype=a)
+        from longca.cp.lse import merge_
+
+        for q0, q1, k0, k1, causal in sub.form:
+            kk = k[:, :, k0:k1].repeat_interleave(g, dim=1) if g > 1 else k[:, :, k0:k1]
+            vv = v[:, :, k0:k1].repeat_interleave(g, dim=1) if g > 1 else v[:, :, k0:k1]
+            r = self._fwd_op(q[:, :, q0:q1], kk, vv, causal)
+            o_p, l_p = r[0], r[1].reshape(b, hq, q1 - q0)
+            if len(sub.form) == 1 and (q0, q1) == (0, sq):
+                return o_p.to(a), l_p.to(a)
+            merge_(out[:, :, q0:q1], lse[:, :, q0:q1], o_p, l_p)
+        return out, lse
+
+    def bwd(self, dout, q, k, v, out, lse, sub):
+        g = _gqa(q, k)
+        b, hq, sq, d = q.shape
+        hk = k.shape[1]
+        a = acc_dtype(q.dtype)
+        tmpl = self._template(q)
+        lse_shape = tmpl[1].shape  # (B, H, S) or (B, H, S, 1) by backend
+        dq = torch.zeros(q.shape, device=q.device, dtype=a)
+        dk = torch.zeros(k.shape, device=q.device, dtype=a)
+        dv = torch.zeros(v.shape, device=q.device, dtype=a)
+        o_in = out.to(q.dtype)
+        do_in = dout.to(q.dtype)
+        scale = 1.0 / math.sqrt(d)
+        for q0, q1, k0, k1, causal in sub.form:
+            kk = k[:, :, k0:k1].repeat_interleave(g, dim=1) if g > 1 else k[:, :, k0:k1]
+            vv = v[:, :, k0:k1].repeat_interleave(g, dim=1) if g > 1 else v[:, :, k0:k1]
+            ls = lse[:, :, q0:q1].float().contiguous()
+            if len(lse_shape) == 4:
+                ls = ls.unsqueeze(-1)
+            args = (do_in[:, :, q0:q1], q[:, :, q0:q1], kk, vv, o_in[:, :, q0:q1], ls)
+            if self.backend == "flash":
+                gq, gk, gv = torch.ops.aten._scaled_dot_product_flash_attention_backward(
+                    *args, tmpl[2], tmpl[3], q1 - q0, k1 - k0, 0.0, causal, tmpl[6], tmpl[7], scale=scale)
+            else:
+                gq, gk, gv = torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
+                    *args, tmpl[6], tmpl[7], None, tmpl[2], tmpl[3], q1 - q0, k1 - k0, 0.0, causal, scale=scale)
+            dq[:, :, q0:q1] += gq
+            if g > 1:
+                gk = gk.view(b, hk, g, k1 - k0, d).sum(2)
+                gv = gv.view(b, hk, g, k1 - k0, -1).sum(2)
+            dk[:, :, k0:k1] += gk
+            dv[:, :, k0:k1] += gv
+        return dq, dk, dv
+
+
+LOCAL_KERNELS: dict[str, Callable[[], Any]] = {
+    "naive": Naive,
+    "flex": Flex,
+    "sdpa": lambda: Sdpa("flash"),
+    "sdpa_flash": lambda: Sdpa("flash"),
+    "sdpa_cudnn": lambda: Sdpa("cudnn"),
+}
+
+
+def get_local(name: str):
+    """A fresh local kernel by name (one of LOCAL_KERNELS)."""
+    if name not in LOCAL_KERNELS:
+        raise ValueError(f"unknown local_kernel {name!r}; allowed: {sorted(LOCAL_KERNELS)}")
+    return LOCAL_KERNELS[name]()
+
+
+def check_local(kernel, device: str, dtype: str) -> None:
+    """Raise Unsupported when the kernel's declared capabilities exclude device or dtype."""
+    if device not in kernel.caps.devices:
+        raise Unsupported(f"local_kernel {kernel.name!r} runs on {sorted(kernel.caps.devices)}, not {device!r}")
+    if dtype not in kernel.caps.dtypes:
+        raise Unsupported(f"local_kernel {kernel.name!r} takes dtypes {sorted(kernel.caps.dtypes)}, not {dtype!r}")
