@@ -1,0 +1,135 @@
+"""FlexAttention (torch.nn.attention.flex_attention), compiled once per process.
+
+Shapes: q (B, Hq, S, D), k/v (B, Hkv, S, D) -> out (B, Hq, S, D); GQA through enable_gqa=True.
+Every static mask and both block-sparse masks reach the kernel as a BlockMask built straight from
+the mask's slices (or block layout) by longca.masks.flex.to_block_mask: full blocks skip the
+mask_mod, partial blocks evaluate it from per-query key intervals, and no S x S tensor exists.
+
+`compiled_flex()` wraps flex_attention in torch.compile(dynamic=False) once per process; the
+mask_mod reads its intervals from tensors, so masks of one shape share one compiled kernel.
+`prepare` times the BlockMask construction (build_s) and a warm-up: the first call's time minus
+the second's is the compilation time (compile_s), forward and backward separately in `info`.
+
+Limits: FlexAttention has no backward on CPU (torch raises NotImplementedError), and on CPU takes
+float32/float16/bfloat16 only. On sm90 the Triton templates' default tiles cover head dims up to
+256; head dim 256 backward is the first to run out of shared memory if anything does (see
+notes/kernels.md for what the H200 run showed).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from longca.kernels.base import Capabilities, Prepared, Unsupported
+from longca.kernels.registry import register
+from longca.masks.mask import Mask
+
+BLOCK_SIZE = 128
+# Shapes (and mask interval layer counts) each need their own compilation under dynamic=False;
+# a sweep sees many, and falling back to eager flex (which materialises S x S scores) would be
+# silently slow and memory-hungry, so the recompile limits are raised well above a sweep's count.
+RECOMPILE_LIMIT = 4096
+
+_compiled = None
+
+
+def compiled_flex():
+    """torch.compile(flex_attention, dynamic=False), created on first use and reused."""
+    global _compiled
+    if _compiled is None:
+        import torch._dynamo
+        from torch.nn.attention.flex_attention import flex_attention
+
+        cfg = torch._dynamo.config
+        for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
+                     "accumulated_cache_size_limit"):
+            if hasattr(cfg, name):
+                setattr(cfg, name, max(getattr(cfg, name), RECOMPILE_LIMIT))
+        _compiled = torch.compile(flex_attention, dynamic=False)
+    return _compiled
+
+
+def flex_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask) -> torch.Tensor:
+    """q (B, Hq, S, D), k/v (B, Hkv, S, D), BlockMask -> out (B, Hq, S, D)."""
+    return compiled_flex()(q, k, v, block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1])
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed_step(call, q, k, v, backward: bool) -> tuple[float, float]:
+    """(forward seconds, backward seconds) of one call; backward 0 when not run."""
+    device = q.device
+    _sync(device)
+    t0 = time.perf_counter()
+    out = call(q, k, v)
+    _sync(device)
+    t1 = time.perf_counter()
+    if not backward:
+        return t1 - t0, 0.0
+    out.backward(torch.ones_like(out))
+    _sync(device)
+    return t1 - t0, time.perf_counter() - t1
+
+
+class FlexAttention:
+    name = "flex"
+    layout = "bhsd"
+    description = ("FlexAttention (torch.compile'd flex_attention) with a BlockMask built from the mask's "
+                   "slices, block size 128")
+    caps = Capabilities(
+        mask_forms=frozenset({"blockmask"}),
+        dtypes=frozenset({"float32", "float16", "bfloat16"}),
+        devices=frozenset({"cpu", "cuda"}),
+        head_dims=None,
+        gqa=True,
+        backward=True,  # CUDA only: torch raises NotImplementedError for a CPU backward
+    )
+
+    def prepare(self, mask: Mask, *, batch: int, heads_q: int, heads_kv: int, head_dim: int,
+                dtype: torch.dtype, device: torch.device, form: str) -> Prepared:
+        if form != "blockmask":
+            raise Unsupported(f"flex takes the blockmask form, not {form!r}")
+        if mask.per_head and heads_kv != mask.heads:
+            raise Unsupported(f"mask has {mask.heads} KV heads, cell has {heads_kv}")
+        from longca.masks.flex import to_block_mask
+
+        device = torch.device(device)
+        t0 = time.perf_counter()
+        block_mask = to_block_mask(mask, block_size=BLOCK_SIZE, device=device,
+                                   heads_q=heads_q if mask.per_head else None)
+        _sync(device)
+        build_s = time.perf_counter() - t0
+
+        def call(q, k, v):
+            return flex_call(q, k, v, block_mask)
+
+        # Warm-up on inputs of the cell's shape: the first call compiles, the second does not.
+        backward = device.type == "cuda"
+        shape_q = (batch, heads_q, mask.seqlen_q, head_dim)
+        shape_kv = (batch, heads_kv, mask.seqlen_k, head_dim)
+        q = torch.randn(shape_q, dtype=dtype, device=device, requires_grad=backward)
+        k = torch.randn(shape_kv, dtype=dtype, device=device, requires_grad=backward)
+        v = torch.randn(shape_kv, dtype=dtype, device=device, requires_grad=backward)
+        first = _timed_step(call, q, k, v, backward)
+        second = _timed_step(call, q, k, v, backward)
+        del q, k, v
+        compile_fwd = max(first[0] - second[0], 0.0)
+        compile_bwd = max(first[1] - second[1], 0.0)
+        info = {
+            "block_size": BLOCK_SIZE,
+            "compile_fwd_s": compile_fwd,
+            "compile_bwd_s": compile_bwd,
+            "mask_mod_layers": getattr(block_mask.mask_mod, "layers", None),
+            "blocks_partial": int(block_mask.kv_num_blocks.sum()),
+            "blocks_full": int(block_mask.full_kv_num_blocks.sum()) if block_mask.full_kv_num_blocks is not None else 0,
+        }
+        return Prepared(call=call, layout=self.layout, build_s=build_s, compile_s=compile_fwd + compile_bwd,
+                        info=info, extra={"block_mask": block_mask})
+
+
+register(FlexAttention())

@@ -1,0 +1,122 @@
+"""The "flex" adapter (compiled FlexAttention + BlockMask from slices) against a float64 reference.
+
+Every mask the registry has is checked (parametrised over PATTERNS, so new masks are included) at
+S = 256, D = 16, GQA 4:2, through the adapter's own prepare() and call. On CPU FlexAttention has no
+backward and no float64, so CPU checks the forward (float32); with a GPU the gradients are checked
+too. One process compiles flex once per distinct shape / interval layer count (a few, not one per
+mask): the mask_mod reads tensors, so masks of one shape share the compiled kernel.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from longca.kernels import registry
+from longca.kernels.base import Unsupported
+from longca.masks.registry import PATTERNS, build_mask
+from longca.measure.reference import dense_mask_tensor, reference_attention, relative_error
+
+S, D, HQ, HKV, B = 256, 16, 4, 2, 1
+ON_GPU = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if ON_GPU else "cpu")
+DTYPE = torch.float32
+
+# Parameters scaled to S = 256 so every mask is non-trivial (defaults target long sequences).
+SMALL_PARAMS = {"window": 24, "global_tokens": 8, "prefix": 70, "block": 32, "min_block": 16, "mean_block": 40,
+                "density": 0.4}
+
+
+def small_params(name: str) -> dict:
+    return {p.name: SMALL_PARAMS[p.name] for p in PATTERNS[name].params if p.name in SMALL_PARAMS}
+
+
+def inputs(seed: int = 0):
+    """bshd float64 q, k, v (the reference's layout)."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, S, HQ, D, generator=gen, dtype=torch.float64)
+    k = torch.randn(B, S, HKV, D, generator=gen, dtype=torch.float64)
+    v = torch.randn(B, S, HKV, D, generator=gen, dtype=torch.float64)
+    return q, k, v
+
+
+@pytest.fixture(scope="module")
+def flex():
+    return registry.get("flex")
+
+
+def test_declares_blockmask_form_and_layout(flex):
+    assert flex.layout == "bhsd"
+    assert flex.caps.mask_forms == frozenset({"blockmask"})
+    assert flex.caps.gqa and flex.caps.backward
+    assert "cpu" in flex.caps.devices and "cuda" in flex.caps.devices
+
+
+def test_every_mask_offers_blockmask():
+    # The planner can send every static and block-sparse mask to flex.
+    missing = [n for n, p in PATTERNS.items() if "blockmask" not in p.forms]
+    assert not missing
+
+
+@pytest.mark.parametrize("name", sorted(PATTERNS))
+def test_matches_float64_reference(flex, name):
+    mask = build_mask(name, S, small_params(name), seed=3, heads_kv=HKV)
+    assert 0 < mask.density <= 1
+    q, k, v = inputs()
+    prepared = flex.prepare(mask, batch=B, heads_q=HQ, heads_kv=HKV, head_dim=D, dtype=DTYPE, device=DEVICE,
+                            form="blockmask")
+    assert prepared.layout == "bhsd"
+    assert prepared.build_s > 0 and prepared.compile_s >= 0
+    # The BlockMask skips what the mask skips: no more kv blocks visited than a full mask has.
+    visited = prepared.info["blocks_partial"] + prepared.info["blocks_full"]
+    n_blocks = -(-S // prepared.info["block_size"])
+    heads = HQ if mask.per_head else 1
+    assert 0 < visited <= heads * n_blocks * n_blocks
+
+    dense = dense_mask_tensor(mask, torch.device("cpu"))
+    qr, kr, vr = (t.clone().requires_grad_(ON_GPU) for t in (q, k, v))
+    ref = reference_attention(qr, kr, vr, dense)
+
+    qd, kd, vd = (t.to(DEVICE, DTYPE).transpose(1, 2).contiguous().requires_grad_(ON_GPU) for t in (q, k, v))
+    out = prepared.call(qd, kd, vd)
+    assert out.shape == (B, HQ, S, D)
+    err = relative_error(out.transpose(1, 2).cpu(), ref)
+    assert err < 1e-4, f"{name}: forward relative error {err:.2e}"
+
+    if ON_GPU:
+        dout = torch.randn_like(ref)
+        ref.backward(dout)
+        out.backward(dout.to(DEVICE, DTYPE).transpose(1, 2))
+        for got, want, label in ((qd, qr, "dq"), (kd, kr, "dk"), (vd, vr, "dv")):
+            gerr = relative_error(got.grad.transpose(1, 2).cpu(), want.grad)
+            assert gerr < 1e-3, f"{name}: {label} relative error {gerr:.2e}"
+
+
+def test_wrong_mask_is_detected(flex):
+    """The check above can fail: flex under the causal mask differs from the full reference."""
+    mask = build_mask("causal", S)
+    q, k, v = inputs(1)
+    prepared = flex.prepare(mask, batch=B, heads_q=HQ, heads_kv=HKV, head_dim=D, dtype=DTYPE, device=DEVICE,
+                            form="blockmask")
+    out = prepared.call(*(t.to(DEVICE, DTYPE).transpose(1, 2).contiguous() for t in (q, k, v)))
+    full = reference_attention(q, k, v, torch.ones(1, S, S, dtype=torch.bool))
+    assert relative_error(out.transpose(1, 2).cpu(), full) > 0.1
+
+
+def test_other_form_is_unsupported(flex):
+    mask = build_mask("causal", S)
+    with pytest.raises(Unsupported):
+        flex.prepare(mask, batch=B, heads_q=HQ, heads_kv=HKV, head_dim=D, dtype=DTYPE, device=DEVICE, form="causal")
+
+
+@pytest.mark.skipif(ON_GPU, reason="CPU-only behaviour")
+def test_cpu_backward_raises_not_implemented(flex):
+    """torch has no CPU FlexAttention backward: the call says so (the runner marks it unsupported)."""
+    mask = build_mask("causal", S)
+    prepared = flex.prepare(mask, batch=B, heads_q=HQ, heads_kv=HKV, head_dim=D, dtype=DTYPE, device=DEVICE,
+                            form="blockmask")
+    q = torch.randn(B, HQ, S, D, requires_grad=True)
+    k = torch.randn(B, HKV, S, D, requires_grad=True)
+    with pytest.raises(NotImplementedError):
+        prepared.call(q, k, k)
