@@ -100,3 +100,35 @@ def to_layout(x: torch.Tensor, src: str, dst: str) -> torch.Tensor:
     if {src, dst} == {"bshd", "bhsd"}:
         return x.transpose(1, 2)
     raise ValueError(f"cannot convert layout {src} -> {dst}")
+
+
+class Unsupported(Exception):
+    """Raised by an adapter for a combination it cannot run; the row becomes `unsupported`."""
+
+
+def static_unsupported_reason(caps: Capabilities, *, mask_name: str, mask_forms: frozenset[str], dtype: str,
+                              head_dim: int, heads_q: int, heads_kv: int, pass_: str, device: str) -> str | None:
+    """Why a kernel cannot run a cell, from declared capabilities alone (planning time), or None."""
+    if device not in caps.devices:
+        return f"kernel runs on {sorted(caps.devices)}, not {device}"
+    if caps.masks is not None and mask_name not in caps.masks:
+        return f"mask {mask_name} not supported (supports {sorted(caps.masks)})"
+    if not (caps.mask_forms & mask_forms):
+        return f"mask {mask_name} offers forms {sorted(mask_forms)}; kernel takes {sorted(caps.mask_forms)}"
+    if dtype not in caps.dtypes:
+        return f"dtype {dtype} not supported (supports {sorted(caps.dtypes)})"
+    if caps.head_dims is not None and head_dim not in caps.head_dims:
+        return f"head dim {head_dim} not supported (supports {sorted(caps.head_dims)})"
+    if heads_q != heads_kv and not caps.gqa:
+        return "GQA (heads_q != heads_kv) not supported"
+    if pass_ != "fwd" and not caps.backward:
+        return "no backward pass"
+    return None
+
+
+def choose_form(caps: Capabilities, mask_forms: frozenset[str]) -> str:
+    """The most specific form both sides share (a kernel's native flag beats a generic mask)."""
+    for form in ("full", "causal", "window", "varlen", "block_sparse", "slices", "blockmask", "dense"):
+        if form in caps.mask_forms and form in mask_forms:
+            return form
+    raise Unsupported(f"no common mask form: mask offers {sorted(mask_forms)}, kernel takes {sorted(caps.mask_forms)}")

@@ -41,6 +41,7 @@ _FIELDS: list[tuple[str, pa.DataType, str]] = [
     # mask
     ("mask", pa.string(), "mask pattern name"),
     ("mask_family", pa.string(), "regular | heterogeneous | dynamic"),
+    ("mask_variant", pa.string(), "label of the spec's mask parameters (path key)"),
     ("mask_params", pa.string(), "JSON of the resolved mask parameters"),
     ("mask_form", pa.string(), "form handed to the kernel (causal, varlen, blockmask, dense, ...)"),
     ("distribution", pa.string(), "document length distribution, if any"),
@@ -57,6 +58,7 @@ _FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("world_size", pa.int32(), "processes (GPUs) of the cell; 1 for a single device"),
     ("cp_mechanism", pa.string(), "null for a single device"),
     ("cp_degrees", pa.string(), "JSON, e.g. {\"ulysses\": 2, \"ring\": 2}"),
+    ("cp_variant", pa.string(), "label of degrees and balancing (path key)"),
     ("cp_balance", pa.string(), "sharding: contiguous | zigzag | document"),
     ("rank_ms", pa.list_(pa.float64()), "median time per rank"),
     ("rank_area", pa.list_(pa.int64()), "attended area computed by each rank"),

@@ -1,0 +1,25 @@
+"""`longca aggregate`: one Parquet table of every cell of a spec run."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("aggregate", help="union a spec's cell files into one Parquet table")
+    p.add_argument("--spec", required=True)
+    p.add_argument("--results", default="results")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=_aggregate)
+
+
+def _aggregate(args: argparse.Namespace) -> int:
+    from longca.spec.cells import expand
+    from longca.spec.load import load_spec
+    from longca.store.aggregate import aggregate
+
+    spec = load_spec(args.spec)
+    files = [c.output(args.results) for c in expand(spec)]
+    n = aggregate(files, args.out)
+    print(f"aggregated {len(files)} cells, {n} rows -> {args.out}")
+    return 0

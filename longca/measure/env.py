@@ -1,0 +1,107 @@
+"""Environment provenance: a chosen list of facts, never the process environment.
+
+Rows are public: only the facts named here are recorded (GPU, driver, versions, host, commit).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# Packages whose versions matter to attention results.
+PACKAGES = ("torch", "triton", "flash-attn", "flash-attn-4", "flash_attn_3", "flash-linear-attention",
+            "nvidia-cutlass-dsl", "numpy", "snakemake", "longca")
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def git_commit() -> str | None:
+    """The commit of the longca checkout in use (LONGCA_GIT_COMMIT overrides, for copies without .git)."""
+    if os.environ.get("LONGCA_GIT_COMMIT"):
+        return os.environ["LONGCA_GIT_COMMIT"]
+    root = Path(__file__).resolve().parents[2]
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        if out.returncode == 0:
+            dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                   capture_output=True, text=True, timeout=10).stdout.strip()
+            return out.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return None
+
+
+def _driver() -> str | None:
+    try:
+        import pynvml  # nvidia-ml-py
+
+        pynvml.nvmlInit()
+        return pynvml.nvmlSystemGetDriverVersion()
+    except Exception:
+        pass
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def environment(device_type: str) -> dict[str, Any]:
+    """Row columns describing where a number was measured."""
+    facts: dict[str, Any] = {
+        "device": device_type,
+        "torch": torch.__version__,
+        "triton": _version("triton"),
+        "host": socket.gethostname(),
+        "git_commit": git_commit(),
+        "longca_version": _version("longca"),
+        "packages": json.dumps({p: v for p in PACKAGES if (v := _version(p))}, sort_keys=True),
+    }
+    if device_type == "cuda" and torch.cuda.is_available():
+        idx = torch.cuda.current_device()
+        cc = torch.cuda.get_device_capability(idx)
+        facts.update({
+            "device_name": torch.cuda.get_device_name(idx),
+            "device_count": torch.cuda.device_count(),
+            "compute_capability": f"{cc[0]}.{cc[1]}",
+            "driver": _driver(),
+            "cuda": torch.version.cuda,
+            "cudnn": str(torch.backends.cudnn.version()) if torch.backends.cudnn.is_available() else None,
+        })
+    else:
+        facts.update({"device_name": f"cpu: {platform.processor() or platform.machine()}",
+                      "device_count": os.cpu_count(), "compute_capability": None, "driver": None,
+                      "cuda": None, "cudnn": None})
+    facts["env_id"] = hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return facts
+
+
+def gpu_clock_state() -> dict[str, Any]:
+    """SM clock (MHz) and active throttle reasons, where NVML is available."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+        clock = pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)
+        reasons = pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(h)
+        return {"clock_mhz": int(clock), "throttle": hex(int(reasons))}
+    except Exception:
+        return {}

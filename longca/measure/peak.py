@@ -1,0 +1,49 @@
+"""Device dense-throughput peaks: a throughput above them is a bug, recorded as an error row."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+# Dense (no sparsity) tensor-core peaks from vendor datasheets, TFLOP/s, by torch device name.
+DATASHEET_TFLOPS = {
+    "NVIDIA H200": {"bfloat16": 989.0, "float16": 989.0, "float32": 494.0},
+    "NVIDIA H100 80GB HBM3": {"bfloat16": 989.0, "float16": 989.0, "float32": 494.0},
+    "NVIDIA H100": {"bfloat16": 989.0, "float16": 989.0, "float32": 494.0},
+    "NVIDIA A100-SXM4-80GB": {"bfloat16": 312.0, "float16": 312.0, "float32": 156.0},
+    "NVIDIA A100-SXM4-40GB": {"bfloat16": 312.0, "float16": 312.0, "float32": 156.0},
+    "NVIDIA B200": {"bfloat16": 2250.0, "float16": 2250.0, "float32": 1125.0},
+}
+_measured: dict[tuple[str, str], float] = {}
+
+
+def measured_matmul_tflops(device: torch.device, dtype: torch.dtype, n: int = 2048) -> float:
+    """A quick matrix-product rate, measured once per process and device/dtype."""
+    key = (str(device), str(dtype))
+    if key not in _measured:
+        a = torch.randn(n, n, device=device, dtype=dtype)
+        b = torch.randn(n, n, device=device, dtype=dtype)
+        for _ in range(2):
+            a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        reps = 5
+        for _ in range(reps):
+            a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        _measured[key] = 2 * n**3 * reps / (time.perf_counter() - t0) / 1e12
+    return _measured[key]
+
+
+def peak_tflops(device: torch.device, device_name: str, dtype_name: str) -> tuple[float, str]:
+    """The gate for one (device, dtype): datasheet where known, else 2 x a measured matmul rate."""
+    table = DATASHEET_TFLOPS.get(device_name)
+    if table and dtype_name in table:
+        return table[dtype_name], "datasheet"
+    from longca.kernels.base import DTYPES
+
+    rate = measured_matmul_tflops(device, DTYPES[dtype_name])
+    return 2.0 * rate, "2x measured matmul"

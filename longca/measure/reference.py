@@ -1,0 +1,55 @@
+"""The high-precision reference every kernel is checked against (forward and gradients)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from longca.masks.mask import Mask
+
+
+def dense_mask_tensor(mask: Mask, device: torch.device) -> torch.Tensor:
+    """(1 | Hkv, Sq, Sk) boolean tensor of the mask (small S only)."""
+    dense = torch.from_numpy(np.ascontiguousarray(mask.dense())).to(device)
+    return dense if dense.dim() == 3 else dense.unsqueeze(0)
+
+
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dense: torch.Tensor,
+                        scale: float | None = None, q_chunk: int = 1024) -> torch.Tensor:
+    """Masked softmax attention in the inputs' dtype (use float32/float64 inputs), layout bshd.
+
+    q: (B, Sq, Hq, D); k, v: (B, Sk, Hkv, D); dense: (1 | Hkv, Sq, Sk) bool. GQA: query head h uses
+    KV head h // (Hq / Hkv). Rows with no allowed key give zeros. Differentiable (autograd) for the
+    gradient reference; queries are processed in chunks to bound memory.
+    """
+    b, sq, hq, d = q.shape
+    hkv = k.shape[2]
+    group = hq // hkv
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    qh = q.transpose(1, 2)  # B, Hq, Sq, D
+    kh = k.transpose(1, 2).repeat_interleave(group, dim=1)
+    vh = v.transpose(1, 2).repeat_interleave(group, dim=1)
+    if dense.shape[0] > 1:  # per-KV-head masks -> per query head
+        dense = dense.repeat_interleave(group, dim=0)
+    outs = []
+    for s in range(0, sq, q_chunk):
+        scores = torch.matmul(qh[:, :, s:s + q_chunk], kh.transpose(-1, -2)) * scale
+        allowed = dense[:, s:s + q_chunk].unsqueeze(0)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        probs = torch.nan_to_num(probs, nan=0.0)  # fully-masked rows
+        outs.append(torch.matmul(probs, vh))
+    return torch.cat(outs, dim=2).transpose(1, 2)
+
+
+def relative_error(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """||x - ref|| / ||ref|| in float64; NaN or Inf anywhere gives inf (never passes)."""
+    x64 = x.detach().to(torch.float64)
+    r64 = ref.detach().to(torch.float64)
+    if not torch.isfinite(x64).all():
+        return float("inf")
+    denom = torch.linalg.vector_norm(r64).item()
+    num = torch.linalg.vector_norm(x64 - r64).item()
+    return num / denom if denom > 0 else num

@@ -1,0 +1,119 @@
+"""One timer interface, two clocks: CUDA events on the GPU, a monotonic clock on the CPU.
+
+Protocol (measurement.md): warm-up iterations, then timed iterations capped by a count AND a time
+budget, an L2 flush before each timed iteration on the GPU, median / p20 / p80 and every sample kept.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+L2_FLUSH_BYTES = 256 * 1024 * 1024  # larger than any current GPU's L2 (H200: 60 MB)
+
+
+@dataclass
+class Timing:
+    samples_ms: list[float]
+    warmup_iters: int
+    timed_iters: int
+    timer: str
+    l2_flush: bool
+    kernel_s: float = 0.0  # summed timed kernel time (sweep efficiency)
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def median_ms(self) -> float:
+        return float(np.median(self.samples_ms))
+
+    @property
+    def p20_ms(self) -> float:
+        return float(np.percentile(self.samples_ms, 20))
+
+    @property
+    def p80_ms(self) -> float:
+        return float(np.percentile(self.samples_ms, 80))
+
+
+def _plan_iters(first_ms: float, iters: int, min_iters: int, budget_s: float) -> int:
+    by_budget = int(budget_s * 1000.0 / max(first_ms, 1e-6))
+    return max(min_iters, min(iters, by_budget))
+
+
+class Timer:
+    name = "abstract"
+
+    def time(self, fn: Callable[[], object], *, warmup: int, iters: int, min_iters: int = 1,
+             budget_s: float = 10.0, before: Callable[[], None] | None = None) -> Timing:
+        raise NotImplementedError
+
+
+class CpuTimer(Timer):
+    """time.perf_counter around each call; numbers for pipeline tests, not for publishing."""
+
+    name = "cpu_monotonic"
+
+    def time(self, fn, *, warmup, iters, min_iters=1, budget_s=10.0, before=None):
+        for _ in range(warmup):
+            if before:
+                before()
+            fn()
+        samples: list[float] = []
+        n = iters
+        i = 0
+        while i < n:
+            if before:
+                before()
+            t0 = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - t0) * 1000.0)
+            if i == 0:
+                n = _plan_iters(samples[0], iters, min_iters, budget_s)
+            i += 1
+        return Timing(samples, warmup, len(samples), self.name, False, kernel_s=sum(samples) / 1000.0)
+
+
+class CudaTimer(Timer):
+    """CUDA events around each iteration, with the L2 flushed by a 256 MB write before it."""
+
+    name = "cuda_events"
+
+    def __init__(self, device: torch.device | None = None, l2_flush: bool = True):
+        self.device = device or torch.device("cuda")
+        self.l2_flush = l2_flush
+        self._flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=self.device) if l2_flush else None
+
+    def time(self, fn, *, warmup, iters, min_iters=1, budget_s=10.0, before=None):
+        for _ in range(warmup):
+            if before:
+                before()
+            fn()
+        torch.cuda.synchronize(self.device)
+        samples: list[float] = []
+        n = iters
+        i = 0
+        while i < n:
+            if before:
+                before()
+            if self._flush is not None:
+                self._flush.zero_()
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            samples.append(float(start.elapsed_time(end)))
+            if i == 0:
+                n = _plan_iters(samples[0], iters, min_iters, budget_s)
+            i += 1
+        return Timing(samples, warmup, len(samples), self.name, self._flush is not None,
+                      kernel_s=sum(samples) / 1000.0)
+
+
+def timer_for(device: torch.device, l2_flush: bool = True) -> Timer:
+    return CudaTimer(device, l2_flush) if device.type == "cuda" else CpuTimer()

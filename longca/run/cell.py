@@ -1,0 +1,341 @@
+"""Run one single-device cell: build the mask, check correctness, time, and return result rows.
+
+Every outcome is a row: ok, unsupported (with the reason), oom, error, incorrect. Timeouts and
+crashes are recorded by the supervising process (longca.run.chunk), which owns the clock.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import traceback
+import uuid
+from datetime import datetime, timezone
+from typing import Any
+
+import numpy as np
+import torch
+
+from longca.kernels import registry
+from longca.kernels.base import DTYPES, Unsupported, choose_form, package_available, static_unsupported_reason
+from longca.masks.forms import forms_of
+from longca.masks.mask import Mask
+from longca.masks.registry import PATTERNS, build_mask
+from longca.measure.env import environment, gpu_clock_state
+from longca.measure.flops import attention_flops
+from longca.measure.peak import peak_tflops
+from longca.measure.reference import dense_mask_tensor, reference_attention, relative_error
+from longca.measure.timer import timer_for
+from longca.spec.cells import Cell
+
+RUN_ID = uuid.uuid4().hex[:12]  # one per process: rows of one run share it
+_check_cache: dict[tuple, dict[str, Any]] = {}
+
+
+class CellFailure(Exception):
+    def __init__(self, status: str, reason: str):
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+def base_row(cell: Cell) -> dict[str, Any]:
+    """Identity, shape, mask and environment columns of a cell (no measurement)."""
+    pattern = PATTERNS.get(cell.mask)
+    row = {
+        "spec": cell.spec, "sweep": cell.sweep, "cell_id": cell.id, "cell_digest": cell.digest, "run_id": RUN_ID,
+        "kernel": cell.kernel, "pass": cell.pass_, "batch": cell.batch, "seqlen_q": cell.seqlen,
+        "seqlen_k": cell.seqlen, "heads_q": cell.heads_q, "heads_kv": cell.heads_kv, "head_dim": cell.head_dim,
+        "head_dim_v": cell.head_dim, "dtype": cell.dtype, "mask": cell.mask,
+        "mask_family": pattern.family if pattern else None, "mask_variant": cell.mask_variant,
+        "mask_params": json.dumps(dict(cell.mask_params), sort_keys=True), "seed": cell.seed,
+        "mask_samples": cell.samples, "world_size": cell.world_size, "cp_mechanism": cell.cp_mechanism,
+        "cp_variant": cell.cp_variant, "cp_degrees": json.dumps(dict(cell.cp_degrees)) if cell.cp_degrees else None,
+        "cp_balance": cell.cp_balance, "timestamp": datetime.now(timezone.utc),
+    }
+    try:
+        kernel = registry.get(cell.kernel)
+        row["layout"] = kernel.layout
+        row["kernel_family"] = kernel.caps.family
+    except KeyError:
+        pass
+    env = environment(cell.device if cell.device != "cuda" or torch.cuda.is_available() else "cpu")
+    row.update(env)
+    return row
+
+
+def status_row(cell: Cell, status: str, reason: str, **extra: Any) -> dict[str, Any]:
+    row = base_row(cell)
+    row.update(status=status, reason=reason, **extra)
+    return row
+
+
+def planned_unsupported(cell: Cell) -> str | None:
+    """Reason a cell cannot run, known from declared capabilities alone (no device touched)."""
+    kernel = registry.get(cell.kernel)
+    return static_unsupported_reason(
+        kernel.caps, mask_name=cell.mask, mask_forms=forms_of(cell.mask), dtype=cell.dtype,
+        head_dim=cell.head_dim, heads_q=cell.heads_q, heads_kv=cell.heads_kv, pass_=cell.pass_, device=cell.device)
+
+
+def runtime_unsupported(cell: Cell, device: torch.device) -> str | None:
+    caps = registry.get(cell.kernel).caps
+    if not package_available(caps.package):
+        return f"{caps.package} not installed"
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            return "CUDA is not available on this machine"
+        cc = torch.cuda.get_device_capability(device)
+        if caps.min_compute_capability and cc < caps.min_compute_capability:
+            return f"needs compute capability >= {caps.min_compute_capability}, device has {cc}"
+        if caps.max_compute_capability and cc > caps.max_compute_capability:
+            return f"needs compute capability <= {caps.max_compute_capability}, device has {cc}"
+    return None
+
+
+def _make_inputs(cell: Cell, seqlen: int, layout: str, device: torch.device, dtype: torch.dtype, seed: int,
+                 need_grad: bool) -> tuple[torch.Tensor, ...]:
+    """Random normal q, k, v, dout in the kernel's layout (never zeros)."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    b, hq, hkv, d = cell.batch, cell.heads_q, cell.heads_kv, cell.head_dim
+
+    def rand(h: int) -> torch.Tensor:
+        x = torch.randn(b, seqlen, h, d, generator=gen, dtype=torch.float32)
+        return x.to(device=device, dtype=dtype)
+
+    q, k, v, do = rand(hq), rand(hkv), rand(hkv), rand(hq)
+    tensors = []
+    for x in (q, k, v, do):
+        if layout == "bhsd":
+            x = x.transpose(1, 2).contiguous()
+        elif layout == "thd":
+            x = x.reshape(b * seqlen, x.shape[2], d).contiguous()
+        tensors.append(x)
+    for x in tensors[:3]:
+        x.requires_grad_(need_grad)
+    return tuple(tensors)
+
+
+def _to_bshd(x: torch.Tensor, layout: str, batch: int) -> torch.Tensor:
+    if layout == "bhsd":
+        return x.transpose(1, 2)
+    if layout == "thd":
+        return x.reshape(batch, -1, x.shape[-2], x.shape[-1])
+    return x
+
+
+def _build(cell: Cell, seqlen: int, sample: int, inputs=None) -> tuple[Mask, float]:
+    t0 = time.perf_counter()
+    kwargs = {}
+    if PATTERNS[cell.mask].needs_inputs and inputs is not None:
+        kwargs["inputs"] = inputs
+        kwargs["heads_kv"] = cell.heads_kv
+    mask = build_mask(cell.mask, seqlen, dict(cell.mask_params), seed=cell.seed, sample=sample, **kwargs)
+    return mask, time.perf_counter() - t0
+
+
+def _tolerance(cell: Cell) -> tuple[float, float]:
+    tol = cell.check_dict["tolerance"]
+    out_tol = float(tol[cell.dtype])
+    return out_tol, out_tol * float(tol.get("grad_factor", 3.0))
+
+
+def check_correctness(cell: Cell, device: torch.device) -> dict[str, Any]:
+    """Compare the kernel with a float64 (CPU) / float32 (GPU) reference on the same inputs.
+
+    At the cell's length when it is within check.max_seqlen, otherwise at that reduced length with
+    the same mask pattern and parameters (cached per process: every longer cell of the same
+    kernel/mask/shape shares the one check).
+    """
+    kernel = registry.get(cell.kernel)
+    check_len = min(cell.seqlen, int(cell.check_dict["max_seqlen"]))
+    grads = cell.pass_ != "fwd"
+    key = (cell.kernel, cell.mask, cell.mask_params, cell.heads_q, cell.heads_kv, cell.head_dim, cell.dtype,
+           cell.batch, check_len, grads, cell.seed, str(device))
+    if check_len < cell.seqlen and key in _check_cache:
+        return _check_cache[key]
+    dtype = DTYPES[cell.dtype]
+    ref_dtype = torch.float64 if device.type == "cpu" else torch.float32
+    q, k, v, do = _make_inputs(cell, check_len, "bshd", device, ref_dtype, cell.seed + 1, True)
+    mask, _ = _build(cell, check_len, 0, inputs=(q.detach(), k.detach()))
+    form = choose_form(kernel.caps, forms_of(cell.mask))
+    prepared = kernel.prepare(mask, batch=cell.batch, heads_q=cell.heads_q, heads_kv=cell.heads_kv,
+                              head_dim=cell.head_dim, dtype=dtype, device=device, form=form)
+    kq, kk, kv, kdo = (_from_bshd(x, prepared.layout).to(dtype).detach() for x in (q, k, v, do))
+    for x in (kq, kk, kv):
+        x.requires_grad_(grads)
+    out = prepared.call(kq, kk, kv)
+    prev_tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        ref = reference_attention(q, k, v, dense_mask_tensor(mask, device))
+        result = {"check_seqlen": check_len,
+                  "rel_err_out": relative_error(_to_bshd(out, prepared.layout, cell.batch), ref)}
+        if grads:
+            out.backward(kdo)
+            ref.backward(do)
+            for name, mine, theirs in (("dq", kq, q), ("dk", kk, k), ("dv", kv, v)):
+                result[f"rel_err_{name}"] = relative_error(_to_bshd(mine.grad, prepared.layout, cell.batch), theirs.grad)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev_tf32
+    out_tol, grad_tol = _tolerance(cell)
+    bad = [f"{n}={result[f'rel_err_{n}']:.3g}" for n in ("out",) if result[f"rel_err_{n}"] > out_tol]
+    bad += [f"{n}={result[f'rel_err_{n}']:.3g}" for n in ("dq", "dk", "dv")
+            if f"rel_err_{n}" in result and result[f"rel_err_{n}"] > grad_tol]
+    result["failed"] = (f"relative error above tolerance ({out_tol:g} out, {grad_tol:g} grads) at S={check_len}: "
+                        + ", ".join(bad)) if bad else None
+    if check_len < cell.seqlen:
+        _check_cache[key] = result
+    return result
+
+
+def _from_bshd(x: torch.Tensor, layout: str) -> torch.Tensor:
+    if layout == "bhsd":
+        return x.transpose(1, 2).contiguous()
+    if layout == "thd":
+        return x.reshape(-1, x.shape[-2], x.shape[-1]).contiguous()
+    return x.contiguous()
+
+
+def _measure_sample(cell: Cell, device: torch.device, sample: int, check: dict[str, Any] | None) -> dict[str, Any]:
+    kernel = registry.get(cell.kernel)
+    dtype = DTYPES[cell.dtype]
+    rep = cell.repeat_dict
+    need_grad = cell.pass_ != "fwd"
+    q, k, v, do = _make_inputs(cell, cell.seqlen, kernel.layout, device, dtype, cell.seed + 1000 + sample, need_grad)
+    mask, build_s = _build(cell, cell.seqlen, sample,
+                           inputs=(_to_bshd(q, kernel.layout, cell.batch).detach(),
+                                   _to_bshd(k, kernel.layout, cell.batch).detach()))
+    form = choose_form(kernel.caps, forms_of(cell.mask))
+    prepared = kernel.prepare(mask, batch=cell.batch, heads_q=cell.heads_q, heads_kv=cell.heads_kv,
+                              head_dim=cell.head_dim, dtype=dtype, device=device, form=form)
+    timer = timer_for(device, bool(rep.get("l2_flush", True)))
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    clock0 = gpu_clock_state() if device.type == "cuda" else {}
+
+    def clear_grads():
+        for x in (q, k, v):
+            x.grad = None
+
+    if cell.pass_ == "fwd":
+        with torch.no_grad():
+            timing = timer.time(lambda: prepared.call(q, k, v), warmup=rep["warmup"], iters=rep["iters"],
+                                min_iters=rep.get("min_iters", 1), budget_s=rep["budget_s"])
+    elif cell.pass_ == "bwd":
+        out = prepared.call(q, k, v)
+        timing = timer.time(lambda: out.backward(do, retain_graph=True), warmup=rep["warmup"], iters=rep["iters"],
+                            min_iters=rep.get("min_iters", 1), budget_s=rep["budget_s"], before=clear_grads)
+    else:
+        timing = timer.time(lambda: prepared.call(q, k, v).backward(do), warmup=rep["warmup"], iters=rep["iters"],
+                            min_iters=rep.get("min_iters", 1), budget_s=rep["budget_s"], before=clear_grads)
+    peak = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
+    clock1 = gpu_clock_state() if device.type == "cuda" else {}
+    area = mask.area_per_head * cell.batch
+    flops = attention_flops(area, cell.heads_q, cell.head_dim, cell.pass_)
+    tflops = flops / (timing.median_ms * 1e-3) / 1e12
+    row: dict[str, Any] = {
+        "mask_form": form, "mask_sample": sample, "mask_area": int(round(area)),
+        "density": mask.density, "num_documents": len(mask.documents) if mask.documents else None,
+        "distribution": mask.params.get("distribution"), "mask_params": json.dumps(mask.params, sort_keys=True, default=str),
+        "timer": timing.timer, "warmup_iters": timing.warmup_iters, "timed_iters": timing.timed_iters,
+        "l2_flush": timing.l2_flush, "samples_ms": timing.samples_ms, "median_ms": timing.median_ms,
+        "p20_ms": timing.p20_ms, "p80_ms": timing.p80_ms, "mask_build_s": build_s + prepared.build_s,
+        "compile_s": prepared.compile_s, "flops": flops, "flop_model": "softmax_exact_area", "tflops": tflops,
+        "tokens_per_s": cell.batch * cell.seqlen / (timing.median_ms * 1e-3), "peak_mem_bytes": peak,
+        "backend": prepared.info.get("backend"), "clock_start_mhz": clock0.get("clock_mhz"),
+        "clock_end_mhz": clock1.get("clock_mhz"), "throttle_reasons": clock1.get("throttle"),
+        "status": "ok", "reason": None,
+    }
+    for key in ("block_size", "score_source", "variable_blocks"):
+        if key in mask.params:
+            row[key] = mask.params[key]
+    if prepared.info.get("flop_model"):  # families with their own FLOP model (linear attention)
+        row["flop_model"] = prepared.info["flop_model"]
+        row["flops"] = prepared.info["flops"]
+        row["tflops"] = row["flops"] / (timing.median_ms * 1e-3) / 1e12
+    if check:
+        row.update({k: v for k, v in check.items() if k.startswith("rel_err") or k == "check_seqlen"})
+    peak_gate, source = peak_tflops(device, base_env_name(device), cell.dtype)
+    if row["tflops"] > peak_gate:
+        row["status"] = "error"
+        row["reason"] = (f"throughput {row['tflops']:.1f} TFLOP/s above the device peak {peak_gate:.1f} ({source}): "
+                         "a measurement or FLOP-count bug, not a result")
+    row["_kernel_s"] = timing.kernel_s
+    return row
+
+
+def base_env_name(device: torch.device) -> str:
+    return environment(device.type)["device_name"]
+
+
+def _classify(exc: BaseException) -> tuple[str, str]:
+    text = f"{type(exc).__name__}: {exc}".strip()
+    first = text.splitlines()[0][:500] if text else type(exc).__name__
+    if isinstance(exc, Unsupported):
+        return "unsupported", str(exc)[:500]
+    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text.lower():
+        return "oom", first
+    if "No available kernel" in text:
+        return "unsupported", first
+    return "error", first
+
+
+def run_cell(cell: Cell) -> list[dict[str, Any]]:
+    """All rows of one cell (one per mask sample), never raising for the cell's own failures.
+
+    Rows whose key `_fatal` is true ask the caller to restart the process (a CUDA error leaves the
+    context unusable).
+    """
+    t_cell = time.perf_counter()
+    try:
+        reason = planned_unsupported(cell)
+    except KeyError as exc:
+        return [status_row(cell, "error", str(exc))]
+    if reason:
+        return [status_row(cell, "unsupported", reason)]
+    device = torch.device(cell.device)
+    reason = runtime_unsupported(cell, device)
+    if reason:
+        return [status_row(cell, "unsupported", reason)]
+    rows: list[dict[str, Any]] = []
+    check = None
+    try:
+        if cell.check_dict.get("enabled", True):
+            check = check_correctness(cell, device)
+            if check["failed"]:
+                r = status_row(cell, "incorrect", check["failed"])
+                r.update({k: v for k, v in check.items() if k.startswith("rel_err") or k == "check_seqlen"})
+                return [r]
+        for sample in range(cell.samples):
+            row = base_row(cell)
+            row.update(_measure_sample(cell, device, sample, check))
+            rows.append(row)
+    except BaseException as exc:  # noqa: BLE001 - every failure of the cell becomes its row
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        status, reason = _classify(exc)
+        row = status_row(cell, status, reason)
+        if status == "error":
+            row["reason"] = reason + " | " + "".join(traceback.format_exception_only(type(exc), exc)).strip()[-300:]
+        if device.type == "cuda" and ("CUDA error" in str(exc) or "illegal memory access" in str(exc)):
+            row["_fatal"] = True
+        rows = [row]
+    finally:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    wall = time.perf_counter() - t_cell
+    for r in rows:
+        r["cell_wall_s"] = wall
+    return rows
+
+
+def summarize(rows: list[dict[str, Any]]) -> str:
+    r = rows[0]
+    if r["status"] == "ok":
+        med = float(np.median([x["median_ms"] for x in rows]))
+        tf = float(np.median([x["tflops"] for x in rows]))
+        return f"ok {med:.3f} ms {tf:.1f} TFLOP/s" + ("" if math.isfinite(tf) else "")
+    return f"{r['status']}: {r['reason']}"

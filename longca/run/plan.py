@@ -1,0 +1,94 @@
+"""Group the cells that still need a result into jobs (chunks) for Snakemake.
+
+A job runs a chunk of cells in one process (start-up, CUDA initialisation and compilation are
+paid once per chunk), but each cell keeps its own output file. Only missing or damaged cells are
+planned: a finished cell is an existing, sound file, so deleting one cell's file reruns that cell
+alone, and a new axis value runs only its new cells.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from longca.spec.cells import Cell, expand
+from longca.spec.load import Spec
+from longca.store.read import damage
+
+
+@dataclass
+class Job:
+    name: str
+    kind: str  # planned | device | cp
+    cells: list[Cell]
+    outputs: list[str]
+    gpus: int = 0
+    tasks: int = 1
+    runtime_min: int = 10
+    mem_mb: int = 4000
+    threads: int = 1
+    extra: dict = field(default_factory=dict)
+
+
+def _kind(cell: Cell) -> str:
+    from longca.run.cell import planned_unsupported
+
+    if cell.cp_mechanism is None and planned_unsupported(cell):
+        return "planned"
+    return "cp" if cell.cp_mechanism is not None else "device"
+
+
+def _estimate_minutes(cells: list[Cell]) -> int:
+    """A SLURM time limit for a chunk: each cell's timeout, capped so chunks stay schedulable."""
+    total_s = sum(min(c.timeout_s, 60 + c.samples * float(dict(c.repeat).get("budget_s", 10)) * 2) for c in cells)
+    return max(5, int(total_s / 60) + 5)
+
+
+def missing_cells(cells: list[Cell], results_dir: str | Path, warn=None) -> list[Cell]:
+    """Cells whose output file is absent or damaged (damaged ones are named through `report`)."""
+    out = []
+    for cell in cells:
+        path = Path(cell.output(results_dir))
+        if not path.exists():
+            out.append(cell)
+            continue
+        why = damage(path)
+        if why:
+            (warn or (lambda m: print(m, file=sys.stderr)))(f"longca: damaged result, cell will rerun: {why}")
+            out.append(cell)
+    return out
+
+
+def plan_jobs(spec: Spec, results_dir: str | Path = "results", *, only_missing: bool = True,
+              chunk_size: int | None = None, warn=None) -> tuple[list[Cell], list[Job]]:
+    cells = expand(spec)
+    todo = missing_cells(cells, results_dir, warn) if only_missing else cells
+    sweeps = {sw.name: sw for sw in spec.sweeps}
+    groups: dict[tuple, list[Cell]] = {}
+    for cell in todo:
+        kind = _kind(cell)
+        key = (cell.sweep, kind, cell.world_size if kind == "cp" else 1)
+        groups.setdefault(key, []).append(cell)
+    jobs: list[Job] = []
+    for (sweep, kind, world), members in groups.items():
+        size = chunk_size or sweeps[sweep].chunk_size
+        if kind == "planned":
+            size = max(size, 1000)  # no device work: one cheap job
+        for i in range(0, len(members), size):
+            chunk = members[i:i + size]
+            outputs = [c.output(results_dir) for c in chunk]
+            digest = hashlib.sha256("\n".join(outputs).encode()).hexdigest()[:10]
+            name = re.sub(r"[^A-Za-z0-9_]", "_", f"cells_{sweep}_{kind}_{digest}")
+            on_gpu = spec.device == "cuda" and kind != "planned"
+            jobs.append(Job(
+                name=name, kind=kind, cells=chunk, outputs=outputs,
+                gpus=(world if kind == "cp" else 1) if on_gpu else 0,
+                tasks=world if kind == "cp" else 1,
+                threads=world if kind == "cp" else 1,
+                runtime_min=_estimate_minutes(chunk) if kind != "planned" else 5,
+                mem_mb=16000 if on_gpu else 4000,
+            ))
+    return cells, jobs

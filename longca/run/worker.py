@@ -1,0 +1,59 @@
+"""A worker process: runs cells one after another and reports progress on a pipe.
+
+Started by longca.run.chunk, which owns the clock: it kills a worker whose cell exceeds its time
+limit and restarts a fresh one for the remaining cells; a crash (segfault, abort) loses only the
+cell that was running, which the supervisor records as an `error` row.
+
+Protocol on the status pipe, one line each: `START <i>` before cell i, `DONE <i>` after its file is
+written. Exit code 3 asks for a restart (the CUDA context is unusable after a CUDA error).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import time
+
+EXIT_RESTART = 3
+
+
+def load_plugins() -> None:
+    """Extra kernel modules named in LONGCA_PLUGINS (comma-separated), e.g. a user's own adapter."""
+    for name in filter(None, (m.strip() for m in os.environ.get("LONGCA_PLUGINS", "").split(","))):
+        importlib.import_module(name)
+
+
+def main(argv: list[str]) -> int:
+    job_file, status_fd = argv[0], int(argv[1])
+    with open(job_file) as fh:
+        job = json.load(fh)
+    status = os.fdopen(status_fd, "w", buffering=1)
+
+    from longca.kernels.registry import load_all
+    from longca.run.cell import run_cell, summarize
+    from longca.spec.cells import Cell
+    from longca.store.write import write_rows
+
+    load_all()
+    load_plugins()
+    kernel_s = 0.0
+    t0 = time.perf_counter()
+    for i, (cell_json, path) in enumerate(zip(job["cells"], job["outputs"])):
+        if i < job.get("start", 0):
+            continue
+        cell = Cell.from_json(cell_json)
+        status.write(f"START {i}\n")
+        rows = run_cell(cell)
+        write_rows(path, rows)
+        kernel_s += sum(r.get("_kernel_s", 0.0) for r in rows)
+        print(f"[longca] {cell.id}: {summarize(rows)}", file=sys.stderr, flush=True)
+        status.write(f"DONE {i} {kernel_s:.6f} {time.perf_counter() - t0:.6f}\n")
+        if any(r.get("_fatal") for r in rows):
+            return EXIT_RESTART
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

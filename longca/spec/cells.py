@@ -1,0 +1,193 @@
+"""Expand a spec into frozen cells, each with a stable readable id and its own output path.
+
+Paths are hive-style (`key=value/`) with keys that are also row columns holding the same values,
+so DuckDB and Polars can read any subtree with hive partitioning and get identical columns.
+The file name carries a digest of every field that defines the cell: changing a field that is not
+in the path (repetitions, tolerances, seed) makes a new file, so only changed cells rerun.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from longca.spec.load import MaskChoice, Spec, Sweep
+
+
+def _variant(params: dict[str, Any]) -> str:
+    if not params:
+        return "default"
+    return "_".join(f"{k}-{v}" for k, v in sorted(params.items())).replace("/", "-").replace("=", "-")
+
+
+@dataclass(frozen=True)
+class Cell:
+    spec: str
+    sweep: str
+    kernel: str
+    mask: str
+    mask_params: tuple[tuple[str, Any], ...]
+    seqlen: int
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    dtype: str
+    pass_: str
+    batch: int
+    device: str
+    seed: int
+    samples: int
+    repeat: tuple[tuple[str, Any], ...]
+    check: str  # JSON of the check settings
+    timeout_s: float
+    world_size: int = 1
+    cp_mechanism: str | None = None
+    cp_degrees: tuple[tuple[str, int], ...] = ()
+    cp_balance: str | None = None
+    cp_backend: str | None = None
+    _digest: str = field(default="", compare=False, repr=False)
+
+    @property
+    def mask_variant(self) -> str:
+        return _variant(dict(self.mask_params))
+
+    @property
+    def cp_variant(self) -> str | None:
+        if self.cp_mechanism is None:
+            return None
+        parts = [f"{k}{v}" for k, v in self.cp_degrees] + ([self.cp_balance] if self.cp_balance else [])
+        return "-".join(parts) or "default"
+
+    @property
+    def digest(self) -> str:
+        payload = {k: v for k, v in asdict(self).items() if k != "_digest"}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    @property
+    def partition(self) -> list[tuple[str, Any]]:
+        keys = [("sweep", self.sweep), ("kernel", self.kernel), ("mask", self.mask),
+                ("mask_variant", self.mask_variant), ("seqlen_q", self.seqlen), ("heads_q", self.heads_q),
+                ("heads_kv", self.heads_kv), ("head_dim", self.head_dim), ("dtype", self.dtype),
+                ("pass", self.pass_), ("batch", self.batch)]
+        if self.cp_mechanism is not None:
+            keys += [("world_size", self.world_size), ("cp_mechanism", self.cp_mechanism),
+                     ("cp_variant", self.cp_variant)]
+        return keys
+
+    @property
+    def id(self) -> str:
+        """Readable and stable: the partition values joined, then the digest."""
+        return "/".join(f"{k}={v}" for k, v in self.partition[1:]) + f"@{self.digest[:8]}"
+
+    def relpath(self) -> str:
+        return "/".join(f"{k}={v}" for k, v in self.partition) + f"/cell-{self.digest}.parquet"
+
+    def output(self, results_dir: str | Path) -> str:
+        return str(Path(results_dir) / self.spec / "cells" / self.relpath())
+
+    @property
+    def repeat_dict(self) -> dict[str, Any]:
+        return dict(self.repeat)
+
+    @property
+    def check_dict(self) -> dict[str, Any]:
+        return json.loads(self.check)
+
+    def to_json(self) -> dict[str, Any]:
+        d = {k: v for k, v in asdict(self).items() if k != "_digest"}
+        d["id"] = self.id
+        d["digest"] = self.digest
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "Cell":
+        d = {k: v for k, v in d.items() if k not in ("id", "digest")}
+        for key in ("mask_params", "repeat", "cp_degrees"):
+            d[key] = tuple(tuple(x) for x in d[key])
+        return cls(**d)
+
+
+def _samples(spec: Spec, mask: MaskChoice) -> int:
+    from longca.masks.registry import PATTERNS
+
+    pat = PATTERNS[mask.name]
+    if pat.multi_document:
+        return int(spec.mask_samples["multi_document"])
+    sampled = bool(getattr(pat, "sampled", False))
+    return int(spec.mask_samples["single"]) if sampled else 1
+
+
+def _excluded(sw: Sweep, values: dict[str, Any]) -> bool:
+    from longca.spec.load import DTYPE_ALIASES, parse_seqlen
+
+    for rule in sw.exclude:
+        hit = True
+        for key, want in rule.items():
+            if key == "seqlen":
+                want = parse_seqlen(want, "exclude.seqlen")
+            elif key == "dtype":
+                want = DTYPE_ALIASES.get(want, want)
+            if values.get(key) != want:
+                hit = False
+                break
+        if hit:
+            return True
+    return False
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def cp_layouts(mechanism: str, world: int, cp: dict[str, Any]) -> list[tuple[tuple[str, int], ...]]:
+    """Degree splits to measure for one mechanism at one world size."""
+    if mechanism == "ulysses":
+        return [(("ulysses", world),)]
+    if mechanism in ("ring_p2p", "ring_allgather"):
+        return [(("ring", world),)]
+    if mechanism == "usp":
+        degrees = cp.get("ulysses_degrees") or _divisors(world)
+        return [(("ulysses", d), ("ring", world // d)) for d in degrees if world % d == 0]
+    if mechanism == "loongtrain":
+        windows = cp.get("loongtrain_windows") or _divisors(world)
+        return [(("ring", world), ("windows", w)) for w in windows if world % w == 0]
+    raise ValueError(f"unknown CP mechanism {mechanism!r}")
+
+
+def expand(spec: Spec) -> list[Cell]:
+    """Every cell of the spec, in a stable order (cheap cells first within each sweep)."""
+    cells: list[Cell] = []
+    check = json.dumps(spec.check, sort_keys=True)
+    for sw in spec.sweeps:
+        repeat = tuple(sorted(sw.repeat.items()))
+        cp_variants: list[tuple[int, str | None, tuple, str | None, str | None]] = [(1, None, (), None, None)]
+        if sw.cp:
+            cp_variants = [
+                (w, mech, degrees, sw.cp.get("balance", "auto"), sw.cp.get("backend", "auto"))
+                for mech in sw.cp["mechanisms"] for w in sw.cp["world_sizes"]
+                for degrees in cp_layouts(mech, w, sw.cp)
+            ]
+        for seqlen, kernel, mask, (hq, hkv), d, dtype, p, b, cpv in itertools.product(
+                sorted(sw.seqlens), sw.kernels, sw.masks, sw.heads, sw.head_dims, sw.dtypes, sw.passes, sw.batch,
+                cp_variants):
+            world, mech, degrees, balance, backend = cpv
+            values = {"kernel": kernel, "mask": mask.name, "seqlen": seqlen, "heads": f"{hq}:{hkv}",
+                      "head_dim": d, "dtype": dtype, "pass": p, "batch": b, "cp_mechanism": mech,
+                      "world_size": world}
+            if _excluded(sw, values):
+                continue
+            cells.append(Cell(
+                spec=spec.name, sweep=sw.name, kernel=kernel, mask=mask.name, mask_params=mask.params,
+                seqlen=seqlen, heads_q=hq, heads_kv=hkv, head_dim=d, dtype=dtype, pass_=p, batch=b,
+                device=spec.device, seed=spec.seed, samples=_samples(spec, mask), repeat=repeat, check=check,
+                timeout_s=sw.timeout_s, world_size=world, cp_mechanism=mech, cp_degrees=degrees,
+                cp_balance=balance, cp_backend=backend,
+            ))
+    ids = [c.relpath() for c in cells]
+    if len(set(ids)) != len(ids):
+        raise ValueError("two cells map to one path: duplicate axis values in the spec")
+    return cells

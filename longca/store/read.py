@@ -1,0 +1,40 @@
+"""Reading results back, and telling a sound result file from a damaged one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from longca.store.schema import REQUIRED
+
+
+def damage(path: str | Path) -> str | None:
+    """Why a cell file cannot be trusted (truncated, corrupt, wrong schema, empty), or None if sound.
+
+    Checks the Parquet magic at both ends and parses the footer: cheap (no data pages read), so
+    the planner can check thousands of files before every run.
+    """
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+        if size < 12:
+            return f"{p}: truncated ({size} bytes)"
+        with open(p, "rb") as fh:
+            head = fh.read(4)
+            fh.seek(-4, 2)
+            tail = fh.read(4)
+        if head != b"PAR1" or tail != b"PAR1":
+            return f"{p}: not a complete Parquet file (bad magic bytes; truncated or overwritten)"
+        meta = pq.read_metadata(p)
+    except FileNotFoundError:
+        return f"{p}: missing"
+    except Exception as exc:  # noqa: BLE001 - any parse failure means damaged
+        return f"{p}: unreadable Parquet ({type(exc).__name__}: {exc})"
+    if meta.num_rows < 1:
+        return f"{p}: holds no rows"
+    names = set(meta.schema.names)
+    missing = [c for c in REQUIRED if c not in names]
+    if missing:
+        return f"{p}: missing columns {missing}"
+    return None

@@ -1,0 +1,24 @@
+# One rule per pending chunk of cells: each job runs its cells in one process but every cell
+# has its own output file, so a finished cell is never rerun and a missing one runs alone.
+# Planning happens at DAG construction (common.smk): only missing or damaged cells get a job.
+for _job in JOBS:
+
+    rule:
+        name:
+            _job.name
+        output:
+            _job.outputs,
+        log:
+            f"{RESULTS}/{SPEC.name}/logs/{_job.name}.log",
+        threads: _job.threads
+        resources:
+            gpus=_job.gpus,
+            tasks=_job.tasks,
+            runtime=_job.runtime_min,
+            mem_mb=_job.mem_mb,
+            longca_kind=_job.kind,
+        params:
+            spec=SPEC_FILE,
+            results=RESULTS,
+        shell:
+            "longca run --spec {params.spec:q} --results {params.results:q} {output:q} > {log:q} 2>&1"
