@@ -253,6 +253,9 @@ class Sdpa:
         self.name = f"sdpa_{backend}"
         self._tmpl: dict[Any, Any] = {}
 
+    def prepare_check(self, slices: np.ndarray) -> None:
+        rectangles(slices)
+
     def prepare(self, slices, seqlen_q, seqlen_k, device):
         return SubMask(slices, seqlen_q, seqlen_k, sl.area(slices), rectangles(slices))
 

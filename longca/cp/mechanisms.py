@@ -1,0 +1,162 @@
+"""The five CP mechanisms as data, and the autograd Function that runs any of them.
+
+Every mechanism is a (ulysses degree u) x (ring degree r) grid, optionally with the ring split
+into windows, and a ring kind:
+
+| mechanism      | u                 | r                | windows          | ring kind  |
+| ulysses        | world             | 1                | 1                | -          |
+| ring_p2p       | 1                 | world            | 1                | p2p        |
+| ring_allgather | 1                 | world            | 1                | all-gather |
+| usp            | degrees.ulysses   | degrees.ring     | 1                | p2p        |
+| loongtrain     | degrees.ulysses   | degrees.ring     | degrees.windows  | p2p (double ring) |
+
+Forward: replicate KV heads if needed, all-to-all to head sharding (u > 1), ring attention over
+the ring participants (each participant's tokens = its Ulysses group's tokens), all-to-all back.
+Backward is hand-written in the same order reversed (longca.cp.ring / allgather), never
+autograd through collectives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from longca.cp import allgather, ring, ulysses
+from longca.cp.comm import Comm
+from longca.cp.local import SubMask, Unsupported
+from longca.cp.sharding import Sharding
+from longca.cp.submask import layouts_of_groups, sub_mask
+from longca.cp.topology import Topology
+from longca.masks import slices as sl
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    name: str
+    ring_kind: str  # "p2p" | "allgather"
+    uses_degrees: tuple[str, ...]  # keys of `degrees` it reads
+    description: str
+
+
+MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
+    Mechanism("ulysses", "p2p", (), "all-to-all sequence <-> heads; full-sequence local attention"),
+    Mechanism("ring_p2p", "p2p", (), "KV passed around the ring, overlapped with compute"),
+    Mechanism("ring_allgather", "allgather", (), "one KV all-gather, reduce-scatter of dK/dV"),
+    Mechanism("usp", "p2p", ("ulysses", "ring"), "Ulysses inside groups x ring across them"),
+    Mechanism("loongtrain", "p2p", ("ulysses", "ring", "windows"), "Ulysses x double ring (windows)"),
+)}
+
+
+def resolve_degrees(mechanism: str, world: int, degrees: dict[str, int] | None) -> tuple[int, int, int]:
+    """(ulysses, ring, windows) of a mechanism at a world size; bad values raise ValueError naming them."""
+    if mechanism not in MECHANISMS:
+        raise ValueError(f"unknown mechanism {mechanism!r}; allowed: {sorted(MECHANISMS)}")
+    d = dict(degrees or {})
+    unknown = set(d) - {"ulysses", "ring", "windows"}
+    if unknown:
+        raise ValueError(f"unknown degrees {sorted(unknown)}; allowed: ['ulysses', 'ring', 'windows']")
+    if mechanism == "ulysses":
+        u, r, w = world, 1, 1
+    elif mechanism in ("ring_p2p", "ring_allgather"):
+        u, r, w = 1, world, 1
+    else:
+        u = int(d.get("ulysses", 1))
+        r = int(d.get("ring", world // max(u, 1)))
+        w = int(d.get("windows", 1)) if mechanism == "loongtrain" else 1
+    given = {k: v for k, v in d.items() if v is not None}
+    for key, val in (("ulysses", u), ("ring", r), ("windows", w)):
+        if key in given and int(given[key]) != val:
+            raise ValueError(f"degrees.{key}={given[key]} does not fit mechanism {mechanism!r} at "
+                             f"world_size={world} (it uses {key}={val})")
+    if u < 1 or r < 1 or u * r != world:
+        raise ValueError(f"degrees ulysses={u} x ring={r} must multiply to world_size={world}")
+    if w < 1 or r % w:
+        raise ValueError(f"degrees.windows={w} must divide the ring degree {r}; allowed: "
+                         f"{[x for x in range(1, r + 1) if r % x == 0]}")
+    return u, r, w
+
+
+@dataclass
+class Plan:
+    """Everything one rank needs to run a mechanism on one mask: built once, outside timing."""
+
+    mechanism: Mechanism
+    topo: Topology
+    kernel: Any
+    subs: list[SubMask]  # this rank's ring participant against every participant
+    rep: int  # KV head replication for Ulysses
+    comm: Comm
+    rank_areas: list[int]  # attended pairs per head-equivalent, per world rank (one batch element)
+    step_areas: np.ndarray  # (r, r): pairs between ring participants i (queries) and j (keys)
+
+    def attend_fwd(self, q, k, v):
+        if self.mechanism.ring_kind == "allgather":
+            return allgather.allgather_fwd(q, k, v, self.subs, self.kernel, self.topo, self.comm)
+        return ring.ring_fwd(q, k, v, self.subs, self.kernel, self.topo, self.comm)
+
+    def attend_bwd(self, dout, q, k, v, out, lse):
+        if self.mechanism.ring_kind == "allgather":
+            return allgather.allgather_bwd(dout, q, k, v, out, lse, self.subs, self.kernel, self.topo, self.comm)
+        return ring.ring_bwd(dout, q, k, v, out, lse, self.subs, self.kernel, self.topo, self.comm)
+
+
+def build_plan(mechanism: str, degrees: dict[str, int] | None, slices: np.ndarray, sharding: Sharding,
+               rank: int, heads_q: int, heads_kv: int, kernel: Any, device: torch.device,
+               comm: Comm | None = None) -> Plan:
+    """Resolve degrees, create the groups, cut the mask for every (participant, participant) pair
+    (on every rank, so support checks agree everywhere) and prepare this rank's sub-masks.
+    Raises Unsupported (same on every rank) for combinations that cannot run."""
+    world = sharding.world_size
+    u, r, w = resolve_degrees(mechanism, world, degrees)
+    rep = ulysses.kv_replication(heads_q, heads_kv, u)
+    topo = Topology.build(world, rank, u, r, w)
+    layouts = layouts_of_groups(sharding.intervals, [topo.uly_members(i) for i in range(r)])
+    cut = [[sub_mask(slices, layouts[i], layouts[j]) for j in range(r)] for i in range(r)]
+    step_areas = np.array([[sl.area(c) for c in row] for row in cut], dtype=np.int64)
+    for row in cut:  # kernels that reject some slice kinds say so before anything runs
+        for c in row:
+            if hasattr(kernel, "prepare_check"):
+                kernel.prepare_check(c)
+    n = sum(e - s for s, e in layouts[0])
+    subs = [kernel.prepare(c, n, n, device) for c in cut[topo.ring_index]]
+    rank_areas = []
+    for g in range(world):
+        i, j = divmod(g, u)
+        total = int(step_areas[i].sum())
+        rank_areas.append(total // u + (1 if j < total % u else 0))
+    return Plan(MECHANISMS[mechanism], topo, kernel, subs, rep, comm or Comm(), rank_areas, step_areas)
+
+
+class _CPAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, plan: Plan):
+        t, c = plan.topo, plan.comm
+        u, me, g = t.ulysses, t.uly_index, t.uly_group
+        k = ulysses.replicate_kv(k, plan.rep)
+        v = ulysses.replicate_kv(v, plan.rep)
+        qh, kh, vh = (ulysses.seq_to_heads(x, u, me, g, c) for x in (q, k, v))
+        out, lse = plan.attend_fwd(qh, kh, vh)
+        out_h = out.to(q.dtype)
+        ctx.save_for_backward(qh, kh, vh, out_h, lse)
+        ctx.plan = plan
+        return ulysses.heads_to_seq(out_h, u, me, g, c)
+
+    @staticmethod
+    def backward(ctx, dout):
+        plan = ctx.plan
+        t, c = plan.topo, plan.comm
+        u, me, g = t.ulysses, t.uly_index, t.uly_group
+        qh, kh, vh, out_h, lse = ctx.saved_tensors
+        doh = ulysses.seq_to_heads(dout.contiguous(), u, me, g, c)
+        dq, dk, dv = plan.attend_bwd(doh, qh, kh, vh, out_h, lse)
+        dq, dk, dv = (ulysses.heads_to_seq(x.to(qh.dtype), u, me, g, c) for x in (dq, dk, dv))
+        return dq, ulysses.unreplicate_grad(dk, plan.rep), ulysses.unreplicate_grad(dv, plan.rep), None
+
+
+def cp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Plan) -> torch.Tensor:
+    """Context-parallel attention of this rank's shard: q (B, Hq, S_loc, D), k/v (B, Hkv, S_loc, D),
+    tokens in the order of the plan's sharding. Returns this rank's output (B, Hq, S_loc, D)."""
+    return _CPAttention.apply(q, k, v, plan)
