@@ -22,6 +22,8 @@ S, D, HQ, HKV, B = 256, 16, 4, 2, 1
 ON_GPU = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if ON_GPU else "cpu")
 DTYPE = torch.float32
+# float32 on CPU is exact enough for 1e-4; on a GPU leave room for TF32-class matmul precision.
+TOL_OUT, TOL_GRAD = (2e-3, 5e-3) if ON_GPU else (1e-4, 1e-3)
 
 # Parameters scaled to S = 256 so every mask is non-trivial (defaults target long sequences).
 SMALL_PARAMS = {"window": 24, "global_tokens": 8, "prefix": 70, "block": 32, "min_block": 16, "mean_block": 40,
@@ -82,7 +84,7 @@ def test_matches_float64_reference(flex, name):
     out = prepared.call(qd, kd, vd)
     assert out.shape == (B, HQ, S, D)
     err = relative_error(out.transpose(1, 2).cpu(), ref)
-    assert err < 1e-4, f"{name}: forward relative error {err:.2e}"
+    assert err < TOL_OUT, f"{name}: forward relative error {err:.2e}"
 
     if ON_GPU:
         dout = torch.randn_like(ref)
@@ -90,7 +92,7 @@ def test_matches_float64_reference(flex, name):
         out.backward(dout.to(DEVICE, DTYPE).transpose(1, 2))
         for got, want, label in ((qd, qr, "dq"), (kd, kr, "dk"), (vd, vr, "dv")):
             gerr = relative_error(got.grad.transpose(1, 2).cpu(), want.grad)
-            assert gerr < 1e-3, f"{name}: {label} relative error {gerr:.2e}"
+            assert gerr < TOL_GRAD, f"{name}: {label} relative error {gerr:.2e}"
 
 
 def test_wrong_mask_is_detected(flex):
