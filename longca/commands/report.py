@@ -1,0 +1,29 @@
+"""`longca report`: build the static report site of one spec run from its aggregated Parquet rows."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="build the static HTML report (charts, tables, downloads) from result rows",
+                       description="Build a static site (index.html and pages, no server, no network) from "
+                                   "result Parquet files.")
+    p.add_argument("--data", action="append", required=True, metavar="PARQUET",
+                   help="result rows: a Parquet file or a directory of them (repeat for more)")
+    p.add_argument("--spec", metavar="SPEC.yaml", help="the spec that produced the rows, shown on the provenance page")
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory, e.g. reports/<spec>/")
+    p.add_argument("--title", help="site title (default: 'longca: <spec>')")
+    p.add_argument("--peers", metavar="CSV", help="published figures to overlay (default: longca's own peers.csv)")
+    p.add_argument("--no-png", action="store_true", help="skip PNG exports (SVG, spec and CSV are still written)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from longca.report import build_report  # heavy imports (altair, vl-convert) only when used
+
+    built = build_report(args.data, args.out, spec=args.spec, title=args.title, png=not args.no_png,
+                         peers_path=args.peers)
+    print(f"wrote {len(built.pages)} pages and {len(built.charts)} charts to {built.out} "
+          f"in {built.timings['total']:.1f} s; open {built.out / 'index.html'}")
+    return 0

@@ -1,0 +1,278 @@
+"""Build a report directory from result Parquet files: queries -> charts -> exports -> pages.
+
+Layout of `out`: index.html and the other pages, assets/ (Vega bundle, script, CSS), charts/
+(SVG, PNG, Vega-Lite JSON and CSV per chart), data/ (the rows as Parquet and CSV), gallery/.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+import pyarrow.parquet as pq
+
+import longca
+from longca.report import assets, charts, export, gallery, load, pages, peers, queries
+from longca.report.charts import ChartSpec
+from longca.report.pages import Page, Table
+
+EXPORTS = [("svg", "SVG"), ("png", "PNG"), ("csv", "data (CSV)"), ("vl.json", "Vega-Lite spec")]
+_NON_OK_COLS = ["status", "reason", "kernel", "mask", "pass", "seqlen_q", "batch", "shape", "world_size",
+                "cp_mechanism", "rows", "machine", "run_id", "cell_id"]
+
+
+@dataclass
+class Built:
+    out: Path
+    pages: list[Path]
+    charts: list[str]
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def shown_path(p: str | Path) -> str:
+    """A path fit for a public page: relative when under the working directory, else its name only."""
+    p = Path(p)
+    try:
+        return p.resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return p.name
+
+
+def _table(df: pl.DataFrame, cols: Sequence[str], numeric: Sequence[str] = ()) -> Table:
+    cols = [c for c in cols if c in df.columns]
+    rows = [list(r) for r in df.select(cols).iter_rows()]
+    rows = [[round(v, 4) if isinstance(v, float) else v for v in r] for r in rows]
+    return Table(columns=list(cols), rows=rows, numeric=set(numeric))
+
+
+def _support_table(matrix: pl.DataFrame) -> Table:
+    masks = sorted(matrix.get_column("mask").unique().to_list())
+    kernels = sorted(matrix.get_column("kernel").unique().to_list())
+    by = {(r["kernel"], r["mask"]): r for r in matrix.iter_rows(named=True)}
+    symbol = {"supported": "✓", "unsupported": "✗", "OOM": "OOM"}
+    rows, classes = [], []
+    for k in kernels:
+        row, cls = [k], [""]
+        for m in masks:
+            r = by.get((k, m))
+            if r is None:
+                row.append("not run")
+                cls.append("")
+                continue
+            detail = ", ".join(f"{r[s]} {s}" for s in ("ok", "oom", "unsupported", "failed") if r[s])
+            row.append(f"{symbol.get(r['category'], r['category'])} ({detail})")
+            cls.append("st-" + r["category"].split(" (")[0].replace(" ", "-"))
+        rows.append(row)
+        classes.append(cls)
+    return Table(columns=["kernel", *masks], rows=rows, cell_class=classes)
+
+
+def _overview(c: pl.DataFrame, rows: pl.DataFrame, spec_name: str) -> tuple[Page, list[ChartSpec]]:
+    page = Page("index.html", "Overview", f"Overview: {spec_name}")
+    best = queries.best_kernel(c)
+    frac = queries.fraction_of_full(best)
+    matrix = queries.support_matrix(c)
+    status_counts = rows.group_by("status").len().sort("status")
+    page.p(f"{rows.height} result rows, {c.height} cells; statuses: "
+           + ", ".join(f"{s} {n}" for s, n in status_counts.iter_rows()) + ". Only ok cells are drawn; every other "
+           "cell is listed with its reason on the Status page.")
+    page.h2("Kernel × mask support (measured)")
+    page.chart(charts.support_chart(matrix), "No single-device cells.")
+    if matrix.height:
+        page.table(_support_table(matrix))
+    page.h2("Best kernel per mask and length")
+    page.chart(charts.best_heatmap(best), "No ok single-device softmax cells.")
+    page.h2("Mask efficiency")
+    page.chart(charts.fraction_chart(frac), "No mask has ok cells at lengths where the full mask also has them.")
+    if frac.height:
+        summary = (frac.group_by("mask", "pass", "shape", "machine").agg(
+            pl.col("fraction").min().alias("min fraction"), pl.col("fraction").max().alias("max fraction"),
+            pl.col("seqlen_q").n_unique().alias("lengths")).sort("mask", "pass"))
+        page.table(_table(summary, summary.columns, numeric=["min fraction", "max fraction", "lengths"]))
+    return page, page.charts()
+
+
+def _mask_pages(c: pl.DataFrame, peer: pl.DataFrame) -> list[Page]:
+    ok = queries.mask_cells(c)
+    gpu = ok.filter(pl.col("device") == "cuda")
+    out = []
+    for mask in queries.masks_with_rows(c):
+        page = Page(f"mask-{charts.slug(mask)}.html", mask, f"Mask {mask}")
+        on_gpu = gpu.filter(pl.col("mask") == mask).height > 0
+        shown = peer.filter(pl.col("mask") == mask) if on_gpu else peer.clear()
+        page.chart(charts.mask_metric(mask, ok, "tflops", shown), f"No ok cells on mask {mask}: see the Status page.")
+        if not on_gpu and peer.filter(pl.col("mask") == mask).height:
+            page.p("Published figures for this mask are GPU figures; they are not drawn over rows measured "
+                   "without a GPU (see Published figures).", "note")
+        page.chart(charts.mask_metric(mask, ok, "peak_mem_gib", peer.clear()), "No memory figures on this mask.")
+        n_bad = c.filter((pl.col("mask") == mask) & ~pl.col("all_ok") & (pl.col("world_size") == 1)).height
+        if n_bad:
+            page.p(f"{n_bad} cells on this mask are not ok and are not drawn: see the Status page.", "note")
+        out.append(page)
+    return out
+
+
+def _family_pages(c: pl.DataFrame, peer: pl.DataFrame) -> list[Page]:
+    sparse, cp = queries.sparse_cells(c), queries.cp_cells(c)
+    p_sparse = Page("sparse.html", "Sparse", "Block-sparse attention")
+    on_gpu = sparse.filter(pl.col("device") == "cuda").height > 0
+    sp = peers.for_sparse(peer) if on_gpu else peer.clear()
+    p_sparse.chart(charts.sparse_chart(sparse, sp, "density"), "No ok block-sparse cells.")
+    p_sparse.chart(charts.sparse_chart(sparse, sp, "block_size"), "No ok block-sparse cells.")
+    p_cp = Page("cp.html", "CP", "Context parallelism")
+    cpp = peers.for_cp(peer) if cp.filter(pl.col("device") == "cuda").height else peer.clear()
+    for kind, missing in (("world", "No ok multi-GPU cells."), ("length", "No ok multi-GPU cells."),
+                          ("comm", "No cell recorded exposed communication."),
+                          ("imbalance", "No cell recorded per-rank times or areas.")):
+        p_cp.chart(charts.cp_chart(cp, cpp, kind), missing)
+    p_lin = Page("linear.html", "Linear", "Linear attention against softmax")
+    series, cross = queries.linear_vs_softmax(c)
+    p_lin.chart(charts.linear_chart(series, cross), "No ok linear-attention cells.")
+    if cross.height:
+        shown = cross.with_columns(
+            verdict=pl.when(pl.col("crossover").is_null()).then(pl.lit("softmax ahead at the longest length"))
+            .when(pl.col("below").is_null()).then(pl.lit("linear ahead at every shared length"))
+            .otherwise(pl.format("between {} and {} tokens", pl.col("below"), pl.col("crossover"))))
+        p_lin.table(_table(shown, ["group", "kernel", "verdict", "below", "crossover", "lengths"],
+                           numeric=["below", "crossover", "lengths"]))
+    return [p_sparse, p_cp, p_lin]
+
+
+def _status_page(rows: pl.DataFrame, c: pl.DataFrame) -> Page:
+    page = Page("status.html", "Status", "Cells that are not ok")
+    bad = queries.non_ok(rows, c)
+    withheld = queries.partly_failed(c)
+    page.p(f"{bad.height} (cell, status, reason) lines from {bad.get_column('rows').sum() if bad.height else 0} rows. "
+           "None of these is drawn as a speed." + (f" {withheld} cells have at least one non-ok row; their ok rows "
+                                                    "are withheld from the charts too." if withheld else ""))
+    if bad.height:
+        page.table(_table(bad, _NON_OK_COLS, numeric=["seqlen_q", "batch", "world_size", "rows"]))
+    return page
+
+
+def _peers_page(peer: pl.DataFrame, path: Path | None) -> Page:
+    page = Page("peers.html", "Published figures", "Published figures of other projects")
+    page.p("Other people's measurements on other machines, carried as longca's own data file "
+           f"({shown_path(path) if path else 'longca/data/peers.csv'}): references, not targets, and never "
+           "mixed with measured rows. Charts draw them in grey with their labels, only over GPU rows. "
+           "'exact-area value' converts a figure to longca's FLOP convention where the publication's "
+           "convention is known (causal_half: S²/2 for a causal mask).")
+    cols = ["source", "kernel", "gpu", "mask", "pass", "dtype", "seqlen_lo", "seqlen_hi", "tokens_per_gpu", "ws_lo",
+            "ws_hi", "heads_q", "heads_kv", "head_dim", "block_size", "density_lo", "density_hi", "figure",
+            "flop_convention", "y_lo", "y_hi", "note"]
+    t = _table(peer, cols, numeric=["y_lo", "y_hi"])
+    t.columns = [{"y_lo": "exact-area value (lo)", "y_hi": "exact-area value (hi)"}.get(x, x) for x in t.columns]
+    t.numeric = {"exact-area value (lo)", "exact-area value (hi)"}
+    page.table(t)
+    return page
+
+
+def _provenance_page(rows: pl.DataFrame, data: Sequence[Path], spec: Path | None, spec_name: str,
+                     libs: dict[str, str], all_charts: list[ChartSpec], out: Path, title: str | None) -> Page:
+    page = Page("environment.html", "Environment & data", "Environment, provenance and downloads")
+    page.h2("Where the numbers came from")
+    env = queries.environments(rows)
+    page.table(_table(env, ["env_id", *queries.ENV_FACTS, "rows", "run_ids", "first", "last"], numeric=["rows"]))
+    page.h2("Downloads")
+    page.links([("data/all.parquet", "every row (Parquet, longca result schema)"),
+                ("data/all.csv", "every row (CSV; lists written as [a, b, ...])")])
+    page.h2("Reproduce")
+    cmd = ["longca", "report", *[a for d in data for a in ("--data", shown_path(d))]]
+    if spec is not None:
+        cmd += ["--spec", shown_path(spec)]
+    cmd += ["--out", shown_path(out)]
+    if title:
+        cmd += ["--title", title]
+    page.p("Rebuild these pages from the same rows:")
+    page.pre(shlex.join(cmd))
+    if spec is not None:
+        page.p("Re-measure the spec and rebuild its report with the workflow:")
+        page.pre(f"snakemake --cores all reports/{spec_name}/index.html")
+    page.p("Each chart below is drawn from its own rows; its Vega-Lite spec and CSV are in charts/ and redraw "
+           "it exactly (for example with vl-convert or the Vega editor).")
+    page.table(Table(columns=["chart", "rows drawn", "spec", "data"],
+                     rows=[[c.title, c.query, f"charts/{c.id}.vl.json", f"charts/{c.id}.csv"] for c in all_charts]))
+    page.h2("Report software")
+    page.table(Table(columns=["library", "version"],
+                     rows=[["longca", longca.__version__], *sorted([k, v] for k, v in libs.items())]))
+    page.h2("Spec")
+    if spec is not None:
+        page.p(f"{shown_path(spec)}:")
+        page.pre(Path(spec).read_text(encoding="utf-8"))
+    else:
+        page.p("No spec file was given to this build.", "note")
+    return page
+
+
+def _write_data(table, out: Path) -> None:
+    d = out / "data"
+    d.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, d / "all.parquet")
+    export.csv_safe(pl.from_arrow(table)).write_csv(d / "all.csv")
+
+
+def build_report(data: Sequence[str | Path], out: str | Path, spec: str | Path | None = None,
+                 title: str | None = None, png: bool = True, peers_path: str | Path | None = None) -> Built:
+    """Write the whole static site for the rows in `data` under `out`; returns what was written."""
+    t0 = time.perf_counter()
+    timings: dict[str, float] = {}
+    out, data = Path(out), [Path(d) for d in data]
+    spec_path = Path(spec) if spec is not None else None
+    if spec_path is not None and not spec_path.is_file():
+        raise FileNotFoundError(f"no such spec file: {spec_path}")
+    table, rows = load.read_rows(data)
+    spec_names = rows.get_column("spec").drop_nulls().unique().sort().to_list()
+    spec_name = spec_path.stem if spec_path else (", ".join(spec_names) or "results")
+    site_title = title or f"longca: {spec_name}"
+    c = queries.cells(rows)
+    peer = peers.load(peers_path)
+    timings["load+cells"] = time.perf_counter() - t0
+
+    overview, _ = _overview(c, rows, spec_name)
+    family = _family_pages(c, peer)
+    mask_pages = _mask_pages(c, peers.for_masks(peer))
+    drawn = [overview, *mask_pages, *family]
+    all_charts = [ch for p in drawn for ch in p.charts()]
+    timings["charts"] = time.perf_counter() - t0
+
+    specs = {ch.id: ch.spec() for ch in all_charts}
+    timings["to_dict"] = time.perf_counter() - t0
+
+    out.mkdir(parents=True, exist_ok=True)
+    libs = assets.write(out)
+    _write_data(table, out)
+    timings["assets+data"] = time.perf_counter() - t0
+    export.export(all_charts, specs, out, png=png)
+    timings["exports"] = time.perf_counter() - t0
+
+    images, message = gallery.build(out)
+    p_gallery = Page("gallery.html", "Mask gallery", "Mask gallery")
+    if images:
+        p_gallery.gallery(images)
+    else:
+        p_gallery.p(message, "note")
+    site = [overview, *family, p_gallery, _status_page(rows, c), _peers_page(peer, Path(peers_path) if peers_path else None),
+            _provenance_page(rows, data, spec_path, spec_name, libs, all_charts, out, title)]
+    if mask_pages:
+        masks_index = Page("masks.html", "Masks", "Per-mask throughput and memory")
+        masks_index.links([(p.file, p.nav) for p in mask_pages])
+        site.insert(1, masks_index)
+    nav = site
+    written = pages.write(nav, out, site_title, specs, EXPORTS)
+    # mask pages: linked from the Masks page, rendered with the same navigation bar
+    for p in mask_pages:
+        path = out / p.file
+        path.write_text(pages.render(p, nav, site_title, specs, EXPORTS), encoding="utf-8")
+        written.append(path)
+    timings["total"] = time.perf_counter() - t0
+    (out / "build.json").write_text(json.dumps({"pages": [p.name for p in written],
+                                                 "charts": [ch.id for ch in all_charts]}, indent=1))
+    return Built(out=out, pages=written, charts=[ch.id for ch in all_charts], timings=timings)
+
+
+__all__ = ["Built", "build_report", "shown_path"]

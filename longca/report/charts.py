@@ -1,0 +1,353 @@
+"""Altair charts of the report: each takes query frames and returns a ChartSpec (or None: no data).
+
+Charts draw only the frames they are handed (queries hand them ok cells only). Published peer
+figures enter as their own layer with their own marks, labelled, never as measured points.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import altair as alt
+import polars as pl
+
+from longca.report import queries
+
+W, H = 260, 180
+DATASET = "rows"
+PEER_COLOR = "#555555"
+STATUS_COLORS = {
+    "supported": "#2e7d32", "OOM at some sizes": "#9ccc65", "partly unsupported": "#fbc02d",
+    "OOM": "#ef6c00", "unsupported": "#9e9e9e", "failed (error/incorrect/timeout)": "#c62828",
+}
+# 1024 -> 1K, 1048576 -> 1M: lengths read like the paper's axes
+LEN_LABEL = ("datum.value >= 1048576 ? format(datum.value / 1048576, '~g') + 'M' : "
+             "datum.value >= 1024 ? format(datum.value / 1024, '~g') + 'K' : format(datum.value, '~g')")
+TOOLTIP = ("kernel", "mask", "pass", "seqlen_q", "seqlen_k", "batch", "heads_q", "heads_kv", "head_dim",
+           "head_dim_v", "dtype", "density", "block_size", "score_source", "world_size", "cp_mechanism",
+           "cp_degrees", "cp_balance", "tflops", "tokens_per_s", "median_ms", "p20_ms", "p80_ms", "peak_mem_gib",
+           "comm_share", "imbalance_time", "imbalance_area", "backend", "rows", "machine", "run_ids", "cell_id")
+
+
+@dataclass
+class ChartSpec:
+    """One chart: its id (file stem), title, Altair object, caption, the data it draws, its machines."""
+
+    id: str
+    title: str
+    chart: alt.TopLevelMixin
+    caption: str
+    data: pl.DataFrame
+    machines: list[str] = field(default_factory=list)
+    query: str = ""  # which rows, in words, for the reproduce note
+    values: list[dict[str, Any]] = field(default_factory=list)  # the drawn rows, as the spec's dataset
+
+    def spec(self) -> dict[str, Any]:
+        """The Vega-Lite JSON with its rows attached as a named dataset.
+
+        Rows go in after to_dict: Altair would wrap every value in a schema object and validate it
+        (seconds per chart); tests validate the finished specs against the Vega-Lite schema instead.
+        """
+        spec = self.chart.to_dict(validate=False)
+        spec["datasets"] = {DATASET: self.values}
+        return spec
+
+
+# columns a chart may encode besides its tooltip; anything else stays out of the page
+_DRAWN = {"series", "attn", "shape", "panel", "label", "group", "imbalance_of", "imbalance", "fraction", "full_kernel",
+          "full_tflops", "density_label", "block_label", "crossover", "below", "x_lo", "x_hi", "y_lo", "y_hi",
+          "source", "gpu", "peer_shape", "figure", "flop_convention", "note", "category", "n", "ok", "unsupported",
+          "oom", "failed", "mech", "kernel_label"}
+
+
+def records(df: pl.DataFrame) -> list[dict[str, Any]]:
+    """JSON-safe rows of the drawn columns: NaN/inf become null (JSON has neither)."""
+    keep = [c for c in df.columns if (c in _DRAWN or c in TOOLTIP) and df.schema[c] != pl.Null]
+    out = df.select(keep).to_dicts()
+    for r in out:
+        for k, v in r.items():
+            if isinstance(v, float) and not math.isfinite(v):
+                r[k] = None
+    return out
+
+
+def _tooltip(df: pl.DataFrame, extra: Sequence[str] = ()) -> list[dict[str, str]]:
+    cols = [c for c in (*extra, *TOOLTIP) if c in df.columns and df.get_column(c).null_count() < df.height]
+    tips: list[dict[str, str]] = []  # plain dicts: Altair deep-copies schema objects on every chart method
+    for c in dict.fromkeys(cols):
+        dtype = df.schema[c]
+        if dtype.is_float():
+            tips.append({"field": c, "type": "quantitative", "format": ".4~g"})
+        elif dtype.is_integer():
+            tips.append({"field": c, "type": "quantitative", "format": "d"})
+        else:
+            tips.append({"field": c, "type": "nominal"})
+    return tips
+
+
+def _series(df: pl.DataFrame, base: str, within: Sequence[str]) -> pl.DataFrame:
+    """A legend label: `base`, plus shape and machine only when a panel holds more than one."""
+    parts: list[pl.Expr] = [pl.col(base).cast(pl.String)]
+    for extra in ("shape", "machine"):
+        if extra in df.columns and df.group_by(list(within)).agg(pl.col(extra).n_unique()).get_column(extra).max() > 1:
+            parts += [pl.lit(" · "), pl.col(extra)]
+    return df.with_columns(series=pl.concat_str(parts, ignore_nulls=True))
+
+
+def _panel(df: pl.DataFrame) -> pl.DataFrame:
+    """Facet-row label: the shape, plus the machine when several machines contributed."""
+    multi = df.get_column("machine").n_unique() > 1
+    expr = pl.concat_str([pl.col("shape"), pl.lit(" on "), pl.col("machine")]) if multi else pl.col("shape")
+    return df.with_columns(panel=expr)
+
+
+def _length_x(field_name: str = "seqlen_q", title: str = "sequence length (tokens)") -> alt.X:
+    return alt.X(f"{field_name}:Q", title=title, scale=alt.Scale(type="log", base=2),
+                 axis=alt.Axis(labelExpr=LEN_LABEL))
+
+
+def _layered_facet(layers: Sequence[tuple[str, pl.DataFrame, Callable[[alt.Chart], alt.Chart]]],
+                   row: str | None, column: str | None) -> tuple[alt.TopLevelMixin, list[dict[str, Any]]]:
+    """Facet several layers that carry different rows: one dataset tagged by `_layer`, one filter per layer."""
+    values: list[dict[str, Any]] = []
+    for name, df, _ in layers:
+        values += [{**r, "_layer": name} for r in records(df)]
+    base = alt.Chart()
+    charts = [make(base.transform_filter(alt.datum._layer == name)) for name, df, make in layers if df.height]
+    layered = alt.layer(*charts, data=alt.NamedData(name=DATASET)).properties(width=W, height=H)
+    facet: dict[str, Any] = {}
+    if row:
+        facet["row"] = alt.Row(f"{row}:N", title=None, header=alt.Header(labelAngle=0, labelAlign="left"))
+    if column:
+        facet["column"] = alt.Column(f"{column}:N", title=None)
+    return (layered.facet(**facet).resolve_scale(y="independent") if facet else layered), values
+
+
+def _lines(df: pl.DataFrame, x: alt.X, y: alt.Y, color: str = "series", dash: str | None = None,
+           extra_tips: Sequence[str] = ()) -> Callable[[alt.Chart], alt.Chart]:
+    """Measured lines with points, a legend that selects series, and full-parameter tooltips."""
+    def make(base: alt.Chart) -> alt.Chart:
+        pick = alt.selection_point(fields=[color], bind="legend", name="pick")
+        enc: dict[str, Any] = dict(x=x, y=y, color=alt.Color(f"{color}:N", title=None),
+                                   opacity=alt.when(pick).then(alt.value(1.0)).otherwise(alt.value(0.12)),
+                                   tooltip=_tooltip(df, extra_tips))
+        if dash:
+            enc["strokeDash"] = alt.StrokeDash(f"{dash}:N")
+            enc["detail"] = alt.Detail(f"{dash}:N")
+        return base.mark_line(point=True).encode(**enc).add_params(pick)
+    return make
+
+
+def _peer_layers(peers: pl.DataFrame, x_title: str) -> list[tuple[str, pl.DataFrame, Callable[[alt.Chart], alt.Chart]]]:
+    """Published figures: a box (or bar) for ranges, a diamond for single figures, each with its label."""
+    if peers.is_empty():
+        return []
+    tips = [alt.Tooltip(f"{c}:N") for c in ("label", "source", "gpu", "peer_shape", "dtype", "pass",
+                                             "figure", "flop_convention", "note")]
+    is_point = peers.filter((pl.col("x_lo") == pl.col("x_hi")) & (pl.col("y_lo") == pl.col("y_hi")))
+    ranges = peers.filter(~((pl.col("x_lo") == pl.col("x_hi")) & (pl.col("y_lo") == pl.col("y_hi"))))
+
+    def box(base: alt.Chart) -> alt.Chart:
+        return base.mark_rect(color=PEER_COLOR, opacity=0.15, stroke=PEER_COLOR, strokeWidth=2).encode(
+            x=alt.X("x_lo:Q", title=x_title), x2="x_hi:Q", y="y_lo:Q", y2="y_hi:Q", tooltip=tips)
+
+    def point(base: alt.Chart) -> alt.Chart:
+        return base.mark_point(shape="diamond", filled=True, color=PEER_COLOR, size=70).encode(
+            x=alt.X("x_lo:Q", title=x_title), y="y_lo:Q", tooltip=tips)
+
+    def text(base: alt.Chart) -> alt.Chart:
+        return base.mark_text(align="left", dx=5, dy=-4, fontSize=9, color=PEER_COLOR).encode(
+            x=alt.X("x_hi:Q", title=x_title), y="y_hi:Q", text="label:N")
+
+    return [("peer_range", ranges, box), ("peer_point", is_point, point), ("peer_text", peers, text)]
+
+
+def mask_metric(mask: str, cells: pl.DataFrame, metric: str, peers: pl.DataFrame) -> ChartSpec | None:
+    """Throughput (TFLOP/s) or peak memory (GiB) against length for one mask; pass x GQA/MHA panels."""
+    df = cells.filter(pl.col("mask") == mask)
+    if metric == "peak_mem_gib":
+        df = df.filter(pl.col("peak_mem_gib").is_not_null())
+    if df.is_empty():
+        return None
+    df = _series(df, "kernel", ["pass", "attn"]).sort("series", "seqlen_q")
+    title = "TFLOP/s (exact mask area)" if metric == "tflops" else "peak memory (GiB)"
+    y = alt.Y(f"{metric}:Q", title=title)
+    layers = [("measured", df, _lines(df, _length_x(), y))]
+    if metric == "tflops" and not peers.is_empty():
+        shown = df.select("pass", "attn").unique()
+        layers += _peer_layers(peers.join(shown, on=["pass", "attn"], how="semi"), "sequence length (tokens)")
+    chart, values = _layered_facet(layers, row="attn", column="pass")
+    what = "throughput" if metric == "tflops" else "memory"
+    return ChartSpec(
+        id=f"mask-{slug(mask)}-{what}", title=f"{mask}: {what} against sequence length",
+        chart=chart.properties(title=f"{mask}: {title}"), data=df, machines=queries.machines(df), values=values,
+        caption=f"{title} of every ok cell on mask {mask}; columns: pass, rows: attention type. "
+                "Click a legend entry to pick kernels (shift-click for several).",
+        query=f"status ok, world_size 1, kernel_family softmax, mask {mask}")
+
+
+def best_heatmap(best: pl.DataFrame) -> ChartSpec | None:
+    if best.is_empty():
+        return None
+    df = _panel(best)
+    chart = alt.Chart(alt.NamedData(name=DATASET)).encode(
+        x=alt.X("seqlen_q:O", title="sequence length (tokens)", sort="ascending", axis=alt.Axis(labelExpr=LEN_LABEL)),
+        y=alt.Y("mask:N", title=None),
+    )
+    rect = chart.mark_rect().encode(color=alt.Color("kernel:N", title="best kernel"), tooltip=_tooltip(df))
+    text = chart.mark_text(fontSize=9).encode(text=alt.Text("tflops:Q", format=".3~g"))
+    facet = alt.layer(rect, text).properties(width=W).facet(
+        column=alt.Column("pass:N", title=None),
+        row=alt.Row("panel:N", title=None, header=alt.Header(labelAngle=0, labelAlign="left")))
+    return ChartSpec(id="overview-best", title="Best kernel per mask and length", chart=facet, data=df,
+                     values=records(df),
+                     machines=queries.machines(df), query="status ok, world_size 1, softmax, non-sparse masks",
+                     caption="Colour: the fastest ok kernel; number: its TFLOP/s with exact mask-area FLOPs.")
+
+
+def fraction_chart(frac: pl.DataFrame) -> ChartSpec | None:
+    if frac.is_empty():
+        return None
+    df = _panel(frac).sort("mask", "seqlen_q")
+    y = alt.Y("fraction:Q", title="best TFLOP/s ÷ best full-mask TFLOP/s", axis=alt.Axis(format="%"))
+    layers = [("measured", df, _lines(df, _length_x(), y, color="mask", extra_tips=("fraction", "full_kernel",
+                                                                                      "full_tflops")))]
+    chart, values = _layered_facet(layers, row="panel", column="pass")
+    return ChartSpec(id="overview-fraction", title="Mask efficiency: fraction of the best full-mask throughput",
+                     chart=chart, values=values, data=df, machines=queries.machines(df),
+                     query="best ok kernel per (mask, pass, length, shape) over the best on mask full",
+                     caption="Per mask, the best kernel's TFLOP/s (exact mask-area FLOPs) as a fraction of the "
+                             "best full-mask TFLOP/s at the same pass, length and shape.")
+
+
+def support_chart(matrix: pl.DataFrame) -> ChartSpec | None:
+    if matrix.is_empty():
+        return None
+    base = alt.Chart(alt.NamedData(name=DATASET)).encode(
+        x=alt.X("mask:N", title=None, axis=alt.Axis(labelAngle=-40)), y=alt.Y("kernel:N", title=None))
+    tips = [alt.Tooltip(f"{c}:N") for c in ("kernel", "mask", "category")] + [
+        alt.Tooltip(f"{c}:Q", format="d") for c in ("n", "ok", "unsupported", "oom", "failed")]
+    rect = base.mark_rect(stroke="white").encode(
+        color=alt.Color("category:N", title="measured status",
+                        scale=alt.Scale(domain=list(STATUS_COLORS), range=list(STATUS_COLORS.values()))),
+        tooltip=tips)
+    text = base.mark_text(fontSize=9, color="black").encode(text="label:N")
+    chart = alt.layer(rect, text).properties(width=alt.Step(64), height=alt.Step(24))
+    return ChartSpec(id="overview-support", title="Kernel × mask support, measured", chart=chart,
+                     data=matrix, values=records(matrix), query="every single-device cell, by status",
+                     caption="Each square summarises the measured statuses of every cell of that kernel and mask; "
+                             "'8/10 ok' means 8 of its 10 cells ran and passed the correctness check.")
+
+
+def sparse_chart(cells: pl.DataFrame, peers: pl.DataFrame, x: str) -> ChartSpec | None:
+    """Block-sparse throughput against density (panels: block size) or block size (panels: density)."""
+    if cells.is_empty():
+        return None
+    df = cells.with_columns(
+        density_label=pl.format("density {}", pl.col("density").round(2)),
+        block_label=pl.format("block {}", pl.col("block_size")),
+        sparse_kind=pl.when(pl.col("mask") == "variable_block_sparse").then(pl.lit(" variable")).otherwise(pl.lit("")),
+    ).with_columns(kernel_label=pl.concat_str([pl.col("kernel"), pl.col("sparse_kind"), pl.lit(" · "),
+                                               pl.col("score_source").fill_null("?")]))
+    panel = "block_label" if x == "density" else "density_label"
+    df = _series(df, "kernel_label", ["pass", panel]).sort("series", x)
+    xe = (alt.X("density:Q", title="density (fraction of blocks kept)") if x == "density" else
+          alt.X("block_size:Q", title="block size", scale=alt.Scale(type="log", base=2)))
+    layers = [("measured", df, _lines(df, xe, alt.Y("tflops:Q", title="TFLOP/s (exact kept area)"), dash="seqlen_q"))]
+    if not peers.is_empty():
+        p = peers.with_columns(block_label=pl.format("block {}", pl.col("block_size")))
+        if x == "density":
+            p = p.filter(pl.col("density_lo").is_not_null()).with_columns(x_lo=pl.col("density_lo"),
+                                                                          x_hi=pl.col("density_hi"))
+            p = p.join(df.select("pass", "block_label").unique(), on=["pass", "block_label"], how="semi")
+        else:
+            p = p.filter(pl.col("density_lo").is_null() & pl.col("block_size").is_not_null()).with_columns(
+                x_lo=pl.col("block_size").cast(pl.Float64), x_hi=pl.col("block_size").cast(pl.Float64),
+                density_label=pl.lit(None, pl.String))
+            p = p.join(df.select("pass").unique(), on="pass", how="semi")
+            # a figure without a density belongs to no density panel: repeat it in each, labelled
+            p = p.drop("density_label").join(df.select("pass", "density_label").unique(), on="pass")
+        layers += _peer_layers(p, xe.to_dict().get("title", x))
+    chart, values = _layered_facet(layers, row="pass", column=panel)
+    return ChartSpec(id=f"sparse-{x.replace('_', '-')}", title=f"Block-sparse throughput against {x.replace('_', ' ')}",
+                     chart=chart, values=values, data=df, machines=queries.machines(df),
+                     query="status ok, world_size 1, masks block_sparse and variable_block_sparse",
+                     caption="Dashed lines distinguish sequence lengths; the legend names kernel, mask kind and "
+                             "block score source (random or importance).")
+
+
+def cp_chart(cells: pl.DataFrame, peers: pl.DataFrame, kind: str) -> ChartSpec | None:
+    """Context parallelism: per-GPU TFLOP/s against world size or length, exposed-comm share, imbalance."""
+    df = cells
+    if kind == "comm":
+        df = df.filter(pl.col("comm_share").is_not_null())
+    if kind == "imbalance":
+        df = df.filter(pl.col("imbalance_time").is_not_null() | pl.col("imbalance_area").is_not_null())
+    if df.is_empty():
+        return None
+    df = df.with_columns(mech=pl.concat_str([pl.col("cp_mechanism").fill_null("?"), pl.lit(" ("), pl.col("kernel"),
+                                             pl.lit(")")]))
+    df = _series(df, "mech", ["mask", "pass"]).sort("series", "world_size", "seqlen_q")
+    ws_x = alt.X("world_size:Q", title="GPUs (world size)", scale=alt.Scale(type="log", base=2))
+    layers: list[tuple[str, pl.DataFrame, Callable[[alt.Chart], alt.Chart]]]
+    if kind == "world":
+        layers = [("measured", df, _lines(df, ws_x, alt.Y("tflops:Q", title="TFLOP/s per GPU"), dash="seqlen_q"))]
+        if not peers.is_empty():
+            p = peers.filter(pl.col("ws_lo").is_not_null()).with_columns(
+                x_lo=pl.col("ws_lo").cast(pl.Float64), x_hi=pl.col("ws_hi").cast(pl.Float64))
+            layers += _peer_layers(p.join(df.select("mask", "pass").unique(), on=["mask", "pass"], how="semi"),
+                                   "GPUs (world size)")
+        title, caption = "Per-GPU throughput against world size", "Dashed lines distinguish global sequence lengths."
+    elif kind == "length":
+        layers = [("measured", df, _lines(df, _length_x(title="global sequence length (tokens)"),
+                                          alt.Y("tflops:Q", title="TFLOP/s per GPU"), dash="world_size"))]
+        title, caption = "Per-GPU throughput against length", "Dashed lines distinguish world sizes."
+    elif kind == "comm":
+        y = alt.Y("comm_share:Q", title="exposed communication / iteration time", axis=alt.Axis(format="%"))
+        layers = [("measured", df, _lines(df, ws_x, y, dash="seqlen_q"))]
+        title, caption = "Exposed-communication share", "Communication time not hidden behind compute, as a share of the iteration."
+    else:
+        long = df.unpivot(on=["imbalance_time", "imbalance_area"], index=[c for c in df.columns
+                          if c not in ("imbalance_time", "imbalance_area")], variable_name="imbalance_of",
+                          value_name="imbalance").filter(pl.col("imbalance").is_not_null())
+        long = long.with_columns(pl.col("imbalance_of").str.replace("imbalance_", ""))
+        y = alt.Y("imbalance:Q", title="max rank / mean rank", scale=alt.Scale(zero=False))
+        layers = [("measured", long, _lines(long, ws_x, y, dash="imbalance_of", extra_tips=("imbalance_of", "imbalance")))]
+        title, caption = "Per-rank imbalance", "Solid/dashed: time and attended area of the slowest / largest rank over the mean rank."
+    chart, values = _layered_facet(layers, row="mask", column="pass")
+    return ChartSpec(id=f"cp-{kind}", title=title, chart=chart, values=values, data=df,
+                     machines=queries.machines(df), caption=caption, query="status ok, world_size > 1")
+
+
+def linear_chart(series: pl.DataFrame, crossovers: pl.DataFrame) -> ChartSpec | None:
+    if series.is_empty():
+        return None
+    y = alt.Y("tokens_per_s:Q", title="tokens/s", scale=alt.Scale(type="log"))
+    layers = [("measured", series, _lines(series, _length_x(), y))]
+    marks = crossovers.filter(pl.col("crossover").is_not_null()).with_columns(
+        label=pl.format("{} overtakes at {}", pl.col("kernel"), pl.col("crossover")))
+    if marks.height:
+        def rule(base: alt.Chart) -> alt.Chart:
+            return base.mark_rule(strokeDash=[4, 3], color="black").encode(
+                x=alt.X("crossover:Q", title="sequence length (tokens)"), tooltip=["label:N", "below:Q", "crossover:Q"])
+
+        def text(base: alt.Chart) -> alt.Chart:
+            return base.mark_text(align="left", dx=4, y=8, fontSize=9).encode(
+                x=alt.X("crossover:Q", title="sequence length (tokens)"), text="label:N")
+        layers += [("crossover", marks, rule), ("crossover_text", marks, text)]
+    chart, values = _layered_facet(layers, row="group", column=None)
+    return ChartSpec(id="linear-tokens", title="Linear attention against the best softmax kernel",
+                     chart=chart, values=values, data=series,
+                     machines=queries.machines(series), query="status ok, world_size 1, kernel_family linear, "
+                     "and the best softmax kernel on the same mask, pass and shape",
+                     caption="Tokens/s against length; the dashed rule marks the first measured length from which "
+                             "the linear kernel stays ahead of the best softmax kernel.")
+
+
+def slug(text: str) -> str:
+    """A file-name-safe stem: lower-case letters, digits, '-' and '_' only."""
+    s = "".join(ch if ch.isascii() and (ch.isalnum() or ch in "-_") else "-" for ch in str(text).lower())
+    return s.strip("-") or "x"

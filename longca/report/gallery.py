@@ -1,0 +1,58 @@
+"""The mask gallery page's images, built by longca.masks when it offers a gallery function.
+
+The masks package owns how a mask pattern is drawn; the report only asks for the images in a folder
+and links them. Expected: `longca.masks.gallery(out_dir)` (or a module longca.masks.gallery with a
+function `gallery`) writing image files and returning their paths, or a {name: path} mapping.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+IMAGE_SUFFIXES = (".svg", ".png", ".jpg", ".jpeg", ".webp")
+
+
+def find() -> Callable[..., Any] | None:
+    try:
+        masks = importlib.import_module("longca.masks")
+    except ImportError:
+        return None
+    fn = getattr(masks, "gallery", None)
+    if fn is None:
+        try:
+            fn = importlib.import_module("longca.masks.gallery")
+        except ImportError:
+            return None
+    if not callable(fn):
+        fn = getattr(fn, "gallery", None)
+    return fn if callable(fn) else None
+
+
+def build(out: Path) -> tuple[list[tuple[str, str]], str]:
+    """Images as (path relative to the report root, caption), and a message when there are none."""
+    fn = find()
+    if fn is None:
+        return [], "No gallery images were built: this longca has no mask gallery function (longca.masks.gallery)."
+    d = out / "gallery"
+    d.mkdir(parents=True, exist_ok=True)
+    result = fn(d)
+    if isinstance(result, dict):
+        items = [(str(k), Path(v)) for k, v in result.items()]
+    elif result:
+        items = [(Path(p).stem, Path(p)) for p in result]
+    else:
+        items = [(p.stem, p) for p in sorted(d.rglob("*")) if p.suffix.lower() in IMAGE_SUFFIXES]
+    images = []
+    for name, p in items:
+        p = p if p.is_absolute() else (d / p if not p.exists() else p)
+        try:
+            rel = p.resolve().relative_to(out.resolve())
+        except ValueError:  # an image outside the report would not travel with it
+            continue
+        images.append((rel.as_posix(), name))
+    if not images:
+        return [], "No gallery images were built: the mask gallery function wrote no images."
+    return images, ""

@@ -1,0 +1,119 @@
+"""HTML pages: a page is a list of blocks (headings, text, charts, tables) rendered by one Jinja template.
+
+Autoescape is on, so every string from a spec or a row is escaped. Chart specs sit in
+<script type="application/json"> blocks, where HTML entities are not decoded; there the JSON itself
+escapes <, > and & so no row text can close the script element.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from markupsafe import Markup
+
+from longca.report.charts import ChartSpec
+
+
+@dataclass
+class Table:
+    columns: list[str]
+    rows: list[list[Any]]
+    cell_class: list[list[str]] | None = None  # optional per-cell CSS class
+    numeric: set[str] = field(default_factory=set)
+
+
+@dataclass
+class Page:
+    file: str
+    nav: str  # label in the navigation bar
+    title: str
+    blocks: list[tuple[str, Any]] = field(default_factory=list)
+
+    def h2(self, text: str) -> None:
+        self.blocks.append(("h2", text))
+
+    def p(self, text: str, cls: str = "") -> None:
+        self.blocks.append(("p", (text, cls)))
+
+    def chart(self, c: ChartSpec | None, missing: str) -> None:
+        self.blocks.append(("chart", c) if c is not None else ("p", (missing, "note")))
+
+    def table(self, t: Table) -> None:
+        self.blocks.append(("table", t))
+
+    def pre(self, text: str) -> None:
+        self.blocks.append(("pre", text))
+
+    def links(self, items: list[tuple[str, str]]) -> None:
+        self.blocks.append(("links", items))
+
+    def gallery(self, items: list[tuple[str, str]]) -> None:
+        self.blocks.append(("gallery", items))
+
+    def charts(self) -> list[ChartSpec]:
+        return [b for k, b in self.blocks if k == "chart"]
+
+
+def script_json(obj: Any) -> Markup:
+    """JSON safe inside a <script> element: no '<', '>' or '&' survives literally."""
+    text = json.dumps(obj, separators=(",", ":"), allow_nan=False)
+    text = text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    return Markup(text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
+
+
+TEMPLATE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{{ page.title }} · {{ site_title }}</title>
+<link rel="stylesheet" href="assets/style.css">
+{% if page.charts() %}<script src="assets/vega-bundle.js"></script>
+<script src="assets/report.js"></script>{% endif %}
+</head><body>
+<header><span class="title">{{ site_title }}</span>
+{% for p in nav %}<a href="{{ p.file }}"{% if p.file == page.file %} class="here"{% endif %}>{{ p.nav }}</a>{% endfor %}
+</header>
+<main><h1>{{ page.title }}</h1>
+{% for kind, b in page.blocks %}
+{% if kind == "h2" %}<h2>{{ b }}</h2>
+{% elif kind == "p" %}<p{% if b[1] %} class="{{ b[1] }}"{% endif %}>{{ b[0] }}</p>
+{% elif kind == "pre" %}<pre>{{ b }}</pre>
+{% elif kind == "links" %}<ul>{% for href, text in b %}<li><a href="{{ href }}">{{ text }}</a></li>{% endfor %}</ul>
+{% elif kind == "gallery" %}<div class="gallery">{% for src, cap in b %}<figure><img src="{{ src }}" alt="{{ cap }}"><figcaption>{{ cap }}</figcaption></figure>{% endfor %}</div>
+{% elif kind == "chart" %}<div class="chart" id="chart-{{ b.id }}" data-spec="spec-{{ b.id }}">
+<h3>{{ b.title }}</h3>
+<div class="vis"></div>
+<noscript><img src="charts/{{ b.id }}.svg" alt="{{ b.title }}"></noscript>
+<p class="caption">{{ b.caption }}{% if b.machines %} Measured on: {{ b.machines | join("; ") }}.{% endif %}</p>
+<p class="files">{% for ext, what in exports %}<a href="charts/{{ b.id }}.{{ ext }}" download>{{ what }}</a>{% endfor %}</p>
+<script type="application/json" id="spec-{{ b.id }}">{{ specs[b.id] }}</script>
+</div>
+{% elif kind == "table" %}<table><thead><tr>{% for c in b.columns %}<th>{{ c }}</th>{% endfor %}</tr></thead><tbody>
+{% for r in b.rows %}{% set i = loop.index0 %}<tr>{% for v in r %}{% set cls = b.cell_class[i][loop.index0] if b.cell_class else "" %}<td{% if cls or b.columns[loop.index0] in b.numeric %} class="{{ cls }}{% if b.columns[loop.index0] in b.numeric %} num{% endif %}"{% endif %}>{{ "" if v is none else v }}</td>{% endfor %}</tr>
+{% endfor %}</tbody></table>
+{% endif %}
+{% endfor %}
+</main></body></html>
+"""
+
+_ENV = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+_TEMPLATE = _ENV.from_string(TEMPLATE)
+
+
+def render(page: Page, nav: list[Page], site_title: str, specs: dict[str, dict[str, Any]],
+           exports: list[tuple[str, str]]) -> str:
+    shown = {c.id: script_json(specs[c.id]) for c in page.charts()}
+    return _TEMPLATE.render(page=page, nav=nav, site_title=site_title, specs=shown, exports=exports)
+
+
+def write(pages: list[Page], out: Path, site_title: str, specs: dict[str, dict[str, Any]],
+          exports: list[tuple[str, str]]) -> list[Path]:
+    paths = []
+    for page in pages:
+        path = out / page.file
+        path.write_text(render(page, pages, site_title, specs, exports), encoding="utf-8")
+        paths.append(path)
+    return paths

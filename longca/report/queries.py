@@ -1,0 +1,215 @@
+"""Every aggregation the report draws, as Polars queries over the conformed rows.
+
+Rows are per measurement (a sampled mask gives one row per sample); charts draw *cells*: the rows
+of one cell on one machine, summarised by the median. A cell is drawn only if every one of its
+rows is ok: a cell with any failed sample is a non-ok cell, listed with its reasons, never a speed.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+SPARSE_MASKS = ("block_sparse", "variable_block_sparse")
+FAILED = ("error", "incorrect", "timeout")
+# worst status wins when a cell's rows disagree
+_STATUS_RANK = {"ok": 0, "unsupported": 1, "oom": 2, "timeout": 3, "incorrect": 4, "error": 5}
+_RANK_STATUS = {v: k for k, v in _STATUS_RANK.items()}
+
+# fields that define a cell when a row carries neither cell_digest nor cell_id
+_DEFINING = ("spec", "sweep", "kernel", "pass", "batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv",
+             "head_dim", "head_dim_v", "dtype", "layout", "mask", "distribution", "block_size",
+             "score_source", "world_size", "cp_mechanism", "cp_degrees", "cp_balance")
+_FIRST = ("spec", "sweep", "cell_id", "kernel", "kernel_family", "pass", "batch", "seqlen_q", "seqlen_k",
+          "heads_q", "heads_kv", "head_dim", "head_dim_v", "dtype", "layout", "mask", "mask_family",
+          "mask_form", "distribution", "block_size", "score_source", "variable_blocks", "world_size",
+          "cp_mechanism", "cp_degrees", "cp_balance", "backend", "device", "device_name", "host", "attn",
+          "shape", "machine", "mask_samples", "timer", "flop_model")
+_MEDIAN = ("tflops", "tokens_per_s", "median_ms", "p20_ms", "p80_ms", "flops", "mask_area", "density",
+           "comm_exposed_ms", "comm_share", "imbalance_time", "imbalance_area", "rel_err_out")
+
+
+def derive(rows: pl.DataFrame) -> pl.DataFrame:
+    """Per-row columns the charts group by: attention type, shape label, machine, cell key, CP ratios."""
+    hq, hkv = pl.col("heads_q"), pl.col("heads_kv")
+    attn = pl.when(hq == hkv).then(pl.lit("MHA")).when(hkv == 1).then(pl.lit("MQA")).otherwise(pl.lit("GQA"))
+    shape = pl.concat_str([attn, pl.lit(" "), hq.cast(pl.String), pl.lit(":"), hkv.cast(pl.String),
+                           pl.lit(" D="), pl.col("head_dim").cast(pl.String), pl.lit(" "), pl.col("dtype")],
+                          ignore_nulls=True)
+    machine = pl.concat_str([pl.col("device_name").fill_null("unknown device"), pl.lit(" @ "),
+                             pl.col("host").fill_null("unknown host")])
+    fallback = pl.concat_str([pl.col(c).cast(pl.String).fill_null("") for c in _DEFINING], separator="|")
+    rank_ms, rank_area = pl.col("rank_ms"), pl.col("rank_area").cast(pl.List(pl.Float64))
+    return rows.with_columns(
+        attn=attn,
+        shape=shape,
+        machine=machine,
+        cell_key=pl.coalesce(pl.col("cell_digest"), pl.col("cell_id"), fallback),
+        world_size=pl.col("world_size").fill_null(1),
+        kernel_family=pl.col("kernel_family").fill_null("softmax"),
+        status_rank=pl.col("status").replace_strict(_STATUS_RANK, default=5, return_dtype=pl.Int8),
+        comm_share=pl.col("comm_exposed_ms") / pl.col("median_ms"),
+        imbalance_time=rank_ms.list.max() / rank_ms.list.mean(),
+        imbalance_area=rank_area.list.max() / rank_area.list.mean(),
+    )
+
+
+def cells(rows: pl.DataFrame) -> pl.DataFrame:
+    """One row per (cell, machine): descriptive fields, medians over samples, the worst status."""
+    d = derive(rows)
+    return (
+        d.group_by("cell_key", "machine", maintain_order=True)
+        .agg(
+            *[pl.col(c).first() for c in _FIRST if c != "machine"],
+            *[pl.col(c).median() for c in _MEDIAN],
+            pl.col("peak_mem_bytes").max(),
+            pl.col("status_rank").max().alias("worst"),
+            (pl.col("status") == "ok").all().alias("all_ok"),
+            pl.len().alias("rows"),
+            pl.col("reason").drop_nulls().first().alias("reason"),
+            pl.col("run_id").drop_nulls().unique().sort().str.join(", ").alias("run_ids"),
+        )
+        .with_columns(status=pl.col("worst").replace_strict(_RANK_STATUS, return_dtype=pl.String),
+                      peak_mem_gib=pl.col("peak_mem_bytes") / 2**30)
+        .drop("worst")
+    )
+
+
+def ok_cells(c: pl.DataFrame) -> pl.DataFrame:
+    return c.filter(pl.col("all_ok"))
+
+
+def _dense_softmax(c: pl.DataFrame) -> pl.DataFrame:
+    """Single-device softmax kernels on the 12 non-sparse masks: what the per-mask pages compare."""
+    return c.filter((pl.col("world_size") == 1) & (pl.col("kernel_family") != "linear")
+                    & ~pl.col("mask").is_in(SPARSE_MASKS))
+
+
+def mask_cells(c: pl.DataFrame) -> pl.DataFrame:
+    return _dense_softmax(ok_cells(c)).filter(pl.col("tflops").is_not_null())
+
+
+def masks_with_rows(c: pl.DataFrame) -> list[str]:
+    """Masks that get a page: any single-device softmax cell, ok or not, on a non-sparse mask."""
+    return sorted(_dense_softmax(c).get_column("mask").drop_nulls().unique().to_list())
+
+
+def best_kernel(c: pl.DataFrame) -> pl.DataFrame:
+    """The fastest ok kernel per (mask, pass, length, shape, machine)."""
+    keys = ["mask", "pass", "seqlen_q", "shape", "machine"]
+    return (mask_cells(c).sort("tflops", descending=True).group_by(keys, maintain_order=True).first()
+            .sort(keys))
+
+
+def fraction_of_full(best: pl.DataFrame) -> pl.DataFrame:
+    """Per mask: the best kernel's TFLOP/s (exact mask area) over the best full-mask TFLOP/s, same shape."""
+    keys = ["pass", "seqlen_q", "shape", "machine"]
+    full = best.filter(pl.col("mask") == "full").select(
+        *keys, full_kernel=pl.col("kernel"), full_tflops=pl.col("tflops"))
+    return (best.join(full, on=keys, how="inner")
+            .with_columns(fraction=pl.col("tflops") / pl.col("full_tflops")).sort("mask", *keys))
+
+
+def support_matrix(c: pl.DataFrame) -> pl.DataFrame:
+    """Kernel x mask from measured single-device statuses (the paper's Table 1, measured)."""
+    s = pl.col("status")
+    m = (c.filter(pl.col("world_size") == 1).group_by("kernel", "mask")
+         .agg(n=pl.len(), ok=(s == "ok").sum(), unsupported=(s == "unsupported").sum(),
+              oom=(s == "oom").sum(), failed=s.is_in(FAILED).sum()))
+    category = (pl.when(pl.col("ok") == pl.col("n")).then(pl.lit("supported"))
+                .when(pl.col("failed") > 0).then(pl.lit("failed (error/incorrect/timeout)"))
+                .when(pl.col("unsupported") == pl.col("n")).then(pl.lit("unsupported"))
+                .when(pl.col("oom") == pl.col("n")).then(pl.lit("OOM"))
+                .when((pl.col("ok") > 0) & (pl.col("unsupported") == 0)).then(pl.lit("OOM at some sizes"))
+                .otherwise(pl.lit("partly unsupported")))
+    return m.with_columns(category=category,
+                          label=pl.concat_str([pl.col("ok").cast(pl.String), pl.lit("/"),
+                                               pl.col("n").cast(pl.String), pl.lit(" ok")])
+                          ).sort("kernel", "mask")
+
+
+def non_ok(rows: pl.DataFrame, c: pl.DataFrame) -> pl.DataFrame:
+    """Every non-ok row, one line per (cell, machine, status, reason) with its row count."""
+    keys = ["cell_key", "machine", "status", "reason"]
+    shown = ["cell_id", "kernel", "mask", "pass", "seqlen_q", "batch", "shape", "world_size", "cp_mechanism",
+             "run_id"]
+    bad = derive(rows).filter(pl.col("status") != "ok")
+    return (bad.group_by(keys, maintain_order=True)
+            .agg(*[pl.col(k).first() for k in shown], rows=pl.len())
+            .sort("status", "kernel", "mask", "pass", "seqlen_q", nulls_last=True))
+
+
+def partly_failed(c: pl.DataFrame) -> int:
+    """Cells whose ok samples are withheld from the charts because another sample failed."""
+    return c.filter(~pl.col("all_ok") & (pl.col("status") != "ok")).height
+
+
+def sparse_cells(c: pl.DataFrame) -> pl.DataFrame:
+    return ok_cells(c).filter((pl.col("world_size") == 1) & pl.col("mask").is_in(SPARSE_MASKS)
+                              & pl.col("tflops").is_not_null())
+
+
+def cp_cells(c: pl.DataFrame) -> pl.DataFrame:
+    return ok_cells(c).filter((pl.col("world_size") > 1) & pl.col("tflops").is_not_null())
+
+
+def linear_vs_softmax(c: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Tokens/s of each linear kernel and of the best softmax kernel on the same mask, pass and shape.
+
+    Returns (series, crossovers). The crossover is the first measured length from which the linear
+    kernel stays ahead at every longer measured length; `below` is the length before it.
+    """
+    keys = ["mask", "pass", "dtype", "heads_q", "head_dim", "machine"]
+    ok = ok_cells(c).filter((pl.col("world_size") == 1) & pl.col("tokens_per_s").is_not_null())
+    lin = ok.filter(pl.col("kernel_family") == "linear")
+    soft = (_dense_softmax(ok).sort("tokens_per_s", descending=True)
+            .group_by(*keys, "seqlen_q", maintain_order=True).first())
+    group = pl.concat_str([pl.col("mask"), pl.lit(" "), pl.col("pass"), pl.lit(" H="),
+                           pl.col("heads_q").cast(pl.String), pl.lit(" D="), pl.col("head_dim").cast(pl.String),
+                           pl.lit(" "), pl.col("dtype"), pl.lit(" on "), pl.col("machine")])
+    soft = soft.join(lin.select(keys).unique(), on=keys, how="semi")
+    cols = [*keys, "seqlen_q", "tokens_per_s", "kernel", "kernel_family", "batch", "median_ms", "run_ids"]
+    series = pl.concat([
+        lin.select(cols).with_columns(series=pl.col("kernel")),
+        soft.select(cols).with_columns(series=pl.concat_str([pl.lit("best softmax")])),
+    ]).with_columns(group=group).sort("group", "series", "seqlen_q")
+
+    pairs = (lin.select(*keys, "seqlen_q", "kernel", lin_tps=pl.col("tokens_per_s"))
+             .join(soft.select(*keys, "seqlen_q", soft_tps=pl.col("tokens_per_s"), soft_kernel=pl.col("kernel")),
+                   on=[*keys, "seqlen_q"], how="inner")
+             .with_columns(group=group, ahead=pl.col("lin_tps") >= pl.col("soft_tps"))
+             .sort("group", "kernel", "seqlen_q"))
+    rows = []
+    for (grp, kernel), p in pairs.group_by("group", "kernel", maintain_order=True):
+        lengths, ahead = p.get_column("seqlen_q").to_list(), p.get_column("ahead").to_list()
+        i = len(ahead)
+        while i > 0 and ahead[i - 1]:
+            i -= 1
+        rows.append({"group": grp, "kernel": kernel,
+                     "crossover": lengths[i] if i < len(lengths) else None,
+                     "below": lengths[i - 1] if 0 < i <= len(lengths) else None,
+                     "lengths": len(lengths)})
+    schema = {"group": pl.String, "kernel": pl.String, "crossover": pl.Int64, "below": pl.Int64,
+              "lengths": pl.Int64}
+    return series, pl.DataFrame(rows, schema=schema)
+
+
+ENV_FACTS = ("device_name", "device_count", "compute_capability", "driver", "cuda", "torch", "cudnn", "triton",
+             "packages", "host", "git_commit", "longca_version")
+
+
+def environments(rows: pl.DataFrame) -> pl.DataFrame:
+    """The chosen environment facts, one line per env_id, with the runs and rows it produced."""
+    return (rows.with_columns(pl.col("env_id").fill_null("unknown"))
+            .group_by("env_id", maintain_order=True)
+            .agg(*[pl.col(f).drop_nulls().first() for f in ENV_FACTS],
+                 rows=pl.len(),
+                 run_ids=pl.col("run_id").drop_nulls().unique().sort().str.join(", "),
+                 first=pl.col("timestamp").min(), last=pl.col("timestamp").max())
+            .sort("env_id"))
+
+
+def machines(frame: pl.DataFrame) -> list[str]:
+    """The distinct machines (device @ host) a set of cells came from, for captions."""
+    if frame.is_empty() or "machine" not in frame.columns:
+        return []
+    return sorted(frame.get_column("machine").drop_nulls().unique().to_list())
