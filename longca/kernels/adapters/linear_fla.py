@@ -75,6 +75,7 @@ class FlaOp:
     takes_cu_seqlens_cpu: bool = True
 
     def load(self) -> Callable[..., Any]:
+        """The fla function, imported on first use (fla is optional; importing it costs ~1 s)."""
         return getattr(importlib.import_module(self.module), self.function)
 
 
@@ -147,7 +148,7 @@ class FlaLinearKernel:
         inputs = make_extra(self.family, batch=extra_batch, tokens=tokens, heads=heads_q, head_dim=head_dim,
                             device=device, beta_dtype=dtype)
         scale = head_dim ** -0.5
-        fn = self.op.load()
+        op = self.op
         kwargs = fla_kwargs(self.op, inputs, scale=scale, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu)
         packed = cu is not None
         family = self.family
@@ -160,7 +161,7 @@ class FlaLinearKernel:
             shape = q.shape
             if packed:
                 q, k, v = pack(q), pack(k), pack(v)
-            o, _ = fn(q, repeat_kv(k, groups), repeat_kv(v, groups), **kwargs)
+            o, _ = op.load()(q, repeat_kv(k, groups), repeat_kv(v, groups), **kwargs)
             return o.reshape(*shape[:-1], o.shape[-1])
 
         def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

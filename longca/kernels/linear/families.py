@@ -7,8 +7,8 @@ reference uses the very same tensors. Gates are float32, beta has the
 inputs' dtype; none carries a gradient (the runner asks for
 dq, dk, dv only) and are drawn so that the recurrent state matters across many chunks:
 
-- log decay  g = logsigmoid(6 + z), z ~ N(0, 1): per-step decay exp(g) in about (0.95, 0.9999),
-  median 0.9975 (a memory of hundreds of tokens, so the state crosses chunk boundaries);
+- log decay  g = logsigmoid(6 + z), z ~ N(0, 1): per-step decay exp(g) = sigmoid(6 + z), median
+  0.9975, 1st percentile 0.975 (a memory of hundreds of tokens: the state crosses chunk boundaries);
 - beta = sigmoid(z), z ~ N(0, 1), in (0, 1).
 
 Gated DeltaNet L2-normalises q and k inside the kernel (fla's ``use_qk_l2norm_in_kernel=True``,
