@@ -14,7 +14,7 @@ import torch
 
 from longca.kernels import registry
 from longca.kernels.adapters._flash_args import (batched_cu_seqlens, dense_from_intervals, flash_mask_args,
-                                                 interval_table)
+                                                 interval_table, packed)
 from longca.kernels.base import MASK_FORMS, Unsupported, package_available
 from longca.masks.registry import PATTERNS, build_mask
 from longca.measure.reference import dense_mask_tensor, reference_attention, relative_error
@@ -134,6 +134,20 @@ def test_flash_arguments_attend_exactly_the_mask(name, form, batch):
         assert args.layout == "bshd" and args.cu_seqlens is None
         got = flash_semantics(q, k, v, args.causal, args.window)
     assert relative_error(got, ref) < 1e-12
+
+
+def test_packed_varlen_call_takes_and_returns_bshd():
+    """fa2/3/4 keep layout bshd in the varlen form: the packed wrapper views (B, S, H, D) as
+    (B*S, H, D) for the varlen function and the result back, documents of each element intact."""
+    batch = 2
+    mask = build_mask("causal_document", S, seed=5)
+    args = flash_mask_args(mask, "varlen", batch)
+    q, k, v = qkv(batch)
+    call = packed(lambda *t: flash_semantics(*t, args.causal, args.window, args.cu_seqlens), batch, S)
+    out = call(q, k, v)
+    assert out.shape == q.shape
+    ref = reference_attention(q, k, v, dense_mask_tensor(mask, torch.device("cpu")))
+    assert relative_error(out, ref) < 1e-12
 
 
 def test_window_sizes_follow_flash_convention():

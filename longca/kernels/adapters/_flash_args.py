@@ -29,6 +29,7 @@ class FlashMaskArgs:
 
     @property
     def layout(self) -> str:
+        """The layout the flash function itself takes in this form (adapters wrap thd as bshd)."""
         return "thd" if self.form == "varlen" else "bshd"
 
     def window_or_none(self) -> tuple[int | None, int | None]:
@@ -134,6 +135,19 @@ def warmup_compile_s(call, shapes: tuple[tuple[int, ...], ...], dtype, device, b
     return max(times[0] - times[1], 0.0)
 
 
+def packed(varlen_call, batch: int, seqlen: int):
+    """Wrap a (B*S, H, D) varlen call so that it takes and returns (B, S, H, D) tensors.
+
+    The reshapes are views of contiguous bshd tensors (no copy), so the kernel's one layout
+    stays bshd whatever form the planner chose."""
+
+    def call(q, k, v):
+        out = varlen_call(*(t.reshape(batch * seqlen, *t.shape[2:]) for t in (q, k, v)))
+        return out.view(batch, seqlen, *out.shape[1:])
+
+    return call
+
+
 class FlashAdapter:
     """Shared prepare() of the flash-attn style adapters (fa2, fa3, fa4).
 
@@ -196,24 +210,19 @@ class FlashAdapter:
         info: dict = {"form": form}
         if form in ("full", "causal", "window", "varlen"):
             args = flash_mask_args(mask, form, batch)
-            layout = args.layout
-            if form == "varlen":
-                call = self.varlen_call(funcs, args, device)
+            if form == "varlen":  # documents packed: the kernel sees (B*S, H, D) views
+                call = packed(self.varlen_call(funcs, args, device), batch, mask.seqlen_q)
             else:
                 call = self.dense_call(funcs, args, mask, device)
             info.update(causal=args.causal, window=list(args.window))
             if args.cu_seqlens is not None:
                 info.update(num_segments=len(args.cu_seqlens) - 1, max_seqlen=args.max_seqlen)
         else:
-            layout = "bshd"
             call, extra = self.extra_call(funcs, mask, form, heads_q=heads_q, head_dim=head_dim, device=device)
             info.update(extra)
         sync(device)
         build_s = time.perf_counter() - t0
         s = mask.seqlen_q
-        if layout == "thd":
-            shapes = ((batch * s, heads_q, head_dim), (batch * s, heads_kv, head_dim), (batch * s, heads_kv, head_dim))
-        else:
-            shapes = ((batch, s, heads_q, head_dim), (batch, s, heads_kv, head_dim), (batch, s, heads_kv, head_dim))
+        shapes = ((batch, s, heads_q, head_dim), (batch, s, heads_kv, head_dim), (batch, s, heads_kv, head_dim))
         compile_s = warmup_compile_s(call, shapes, dtype, device, backward=self.caps.backward)  # type: ignore
-        return Prepared(call=call, layout=layout, build_s=build_s, compile_s=compile_s, info=info)
+        return Prepared(call=call, layout=self.layout, build_s=build_s, compile_s=compile_s, info=info)

@@ -1,8 +1,8 @@
 """FlashAttention-2 (package `flash_attn`, >= 2.3 for window_size), for users who have it installed.
 
-Shapes: q (B, S, Hq, D), k/v (B, S, Hkv, D) -> out (B, S, Hq, D) (layout bshd); in the varlen form
-q (B*S, Hq, D), k/v (B*S, Hkv, D) -> out (B*S, Hq, D) (layout thd) with cu_seqlens over the packed
-documents of every batch element. GQA natively (Hq a multiple of Hkv).
+Shapes (layout bshd, every form): q (B, S, Hq, D), k/v (B, S, Hkv, D) -> out (B, S, Hq, D). In the
+varlen form the call views them as (B*S, H, D) packed documents (no copy) with int32 cu_seqlens
+over the documents of every batch element. GQA natively (Hq a multiple of Hkv).
 
 Masks: full; causal (causal=True); sliding windows (window_size=(left, right)); full/causal
 documents (flash_attn_varlen_func). FA2 needs sm80+, fp16/bf16 and head dim <= 256 (multiple of 8).

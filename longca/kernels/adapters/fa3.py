@@ -1,8 +1,8 @@
 """FlashAttention-3 (the Hopper build of flash-attention: module `flash_attn_interface`).
 
-Shapes: q (B, S, Hq, D), k/v (B, S, Hkv, D) -> out (B, S, Hq, D) (layout bshd); in the varlen form
-q (B*S, Hq, D), k/v (B*S, Hkv, D) -> out (B*S, Hq, D) (layout thd) with cu_seqlens over the packed
-documents of every batch element. GQA natively.
+Shapes (layout bshd, every form): q (B, S, Hq, D), k/v (B, S, Hkv, D) -> out (B, S, Hq, D). In the
+varlen form the call views them as (B*S, H, D) packed documents (no copy) with int32 cu_seqlens
+over the documents of every batch element. GQA natively.
 
 Masks: full; causal; sliding windows (window_size=(left, right)); full/causal documents
 (flash_attn_varlen_func). FA3 is sm90 only (H100/H200), fp16/bf16 with backward (its fp8 path is

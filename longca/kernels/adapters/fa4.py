@@ -1,8 +1,8 @@
 """FlashAttention-4 (package `flash-attn-4`, module `flash_attn.cute`: CuTe DSL, JIT-compiled).
 
-Shapes: q (B, S, Hq, D), k/v (B, S, Hkv, D) -> out (B, S, Hq, D) (layout bshd); in the varlen form
-q (B*S, Hq, D), k/v (B*S, Hkv, D) -> out (B*S, Hq, D) (layout thd) with int32 cu_seqlens over the
-packed documents of every batch element. GQA natively. Both functions return (out, lse); the
+Shapes (layout bshd, every form): q (B, S, Hq, D), k/v (B, S, Hkv, D) -> out (B, S, Hq, D). In the
+varlen form the call views them as (B*S, H, D) packed documents (no copy) with int32 cu_seqlens
+over the documents of every batch element. GQA natively. Both functions return (out, lse); the
 adapter keeps out.
 
 Masks (checked against 4.0.0b36's interface.py):
