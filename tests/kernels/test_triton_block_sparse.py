@@ -144,13 +144,14 @@ def test_uniform_blocks_gqa_with_empty_rows_and_columns():
 
 
 @needs_triton
-def test_block_64_with_larger_tiles():
-    rng = np.random.default_rng(2)
+@pytest.mark.parametrize("block", [64, 128])
+def test_blocks_64_and_128_with_larger_tiles(block):
+    rng = np.random.default_rng(block)
     kept = rng.random((1, 2, 2)) < 0.6
     kept[0, :, 0] = True
-    layout = BlockLayout(np.array([0, 64, 128]), np.array([0, 64, 128]), kept, 64)
+    bounds = np.arange(3) * block
     cfg = KernelConfig(TileConfig(64, 32), TileConfig(32, 64), TileConfig(64, 32))
-    plan, _ = run_and_compare(layout, cfg, hq=2, hkv=1, d=32)
+    plan, _ = run_and_compare(BlockLayout(bounds, bounds, kept, block), cfg, hq=2, hkv=1, d=32)
     assert plan.fast_path
 
 

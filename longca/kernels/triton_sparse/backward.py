@@ -46,13 +46,13 @@ def _dkdv_tile(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, m0, m_hi, of
     """Add one BLOCK_M query tile's contribution (rows m0.., < m_hi when MASK_M) to dK, dV."""
     if MASK_M:
         valid = (m0 + offs_m) < m_hi
-        qT = tl.load(q_ptrs + m0 * stride_qs, mask=valid[None, :], other=0.0)  # (D, BLOCK_M)
-        do = tl.load(do_ptrs + m0 * stride_ds, mask=valid[:, None], other=0.0)  # (BLOCK_M, D)
+        qT = tl.load(q_ptrs + tl.cast(m0, tl.int64) * stride_qs, mask=valid[None, :], other=0.0)  # (D, BLOCK_M)
+        do = tl.load(do_ptrs + tl.cast(m0, tl.int64) * stride_ds, mask=valid[:, None], other=0.0)  # (BLOCK_M, D)
         lse2 = tl.load(lse_ptrs + m0, mask=valid, other=float("inf"))  # inf: P = 0 on padding
         delta = tl.load(delta_ptrs + m0, mask=valid, other=0.0)
     else:
-        qT = tl.load(q_ptrs + m0 * stride_qs)
-        do = tl.load(do_ptrs + m0 * stride_ds)
+        qT = tl.load(q_ptrs + tl.cast(m0, tl.int64) * stride_qs)
+        do = tl.load(do_ptrs + tl.cast(m0, tl.int64) * stride_ds)
         lse2 = tl.load(lse_ptrs + m0)
         delta = tl.load(delta_ptrs + m0)
     pT = tl.math.exp2(tl.dot(k, qT) * qk_scale - lse2[None, :])  # (BLOCK_N, BLOCK_M)
@@ -108,10 +108,9 @@ def _dkdv_kernel(Q, K, V, DOut, Lse2, Delta, DK, DV,
         lse_ptrs = Lse2 + bh.to(tl.int64) * seqlen_q + offs_m
         delta_ptrs = Delta + bh.to(tl.int64) * seqlen_q + offs_m
         if Q_BLOCK > 0:
-            TILES: tl.constexpr = Q_BLOCK // BLOCK_M
-            for it in range(lo * TILES, hi * TILES):
-                qblk = tl.load(col_idx + it // TILES)
-                m0 = qblk * Q_BLOCK + (it % TILES) * BLOCK_M
+            for it in range(lo * (Q_BLOCK // BLOCK_M), hi * (Q_BLOCK // BLOCK_M)):
+                qblk = tl.load(col_idx + it // (Q_BLOCK // BLOCK_M))
+                m0 = qblk * Q_BLOCK + (it % (Q_BLOCK // BLOCK_M)) * BLOCK_M
                 dk, dv = _dkdv_tile(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, m0, 0, offs_m,
                                     stride_qs, stride_ds, qk_scale, False)
         else:
@@ -141,11 +140,11 @@ def _dq_tile(dq, q, do, lse2, delta, k_ptrs, v_ptrs, n0, k_hi, offs_n, stride_ks
     """Add one BLOCK_N key tile's contribution (keys n0.., < k_hi when MASK_K) to dQ."""
     if MASK_K:
         valid = (n0 + offs_n) < k_hi
-        kT = tl.load(k_ptrs + n0 * stride_ks, mask=valid[None, :], other=0.0)  # (D, BLOCK_N)
-        vT = tl.load(v_ptrs + n0 * stride_vs, mask=valid[None, :], other=0.0)
+        kT = tl.load(k_ptrs + tl.cast(n0, tl.int64) * stride_ks, mask=valid[None, :], other=0.0)  # (D, BLOCK_N)
+        vT = tl.load(v_ptrs + tl.cast(n0, tl.int64) * stride_vs, mask=valid[None, :], other=0.0)
     else:
-        kT = tl.load(k_ptrs + n0 * stride_ks)
-        vT = tl.load(v_ptrs + n0 * stride_vs)
+        kT = tl.load(k_ptrs + tl.cast(n0, tl.int64) * stride_ks)
+        vT = tl.load(v_ptrs + tl.cast(n0, tl.int64) * stride_vs)
     qk = tl.dot(q, kT) * qk_scale
     if MASK_K:
         qk = tl.where(valid[None, :], qk, float("-inf"))
@@ -201,10 +200,9 @@ def _dq_kernel(Q, K, V, DOut, Lse2, Delta, DQ,
     lo = tl.load(row_ptr + row)
     hi = tl.load(row_ptr + row + 1)
     if K_BLOCK > 0:
-        TILES: tl.constexpr = K_BLOCK // BLOCK_N
-        for it in range(lo * TILES, hi * TILES):
-            kblk = tl.load(row_idx + it // TILES)
-            n0 = kblk * K_BLOCK + (it % TILES) * BLOCK_N
+        for it in range(lo * (K_BLOCK // BLOCK_N), hi * (K_BLOCK // BLOCK_N)):
+            kblk = tl.load(row_idx + it // (K_BLOCK // BLOCK_N))
+            n0 = kblk * K_BLOCK + (it % (K_BLOCK // BLOCK_N)) * BLOCK_N
             dq = _dq_tile(dq, q, do, lse2, delta, k_ptrs, v_ptrs, n0, 0, offs_n, stride_ks, stride_vs,
                           qk_scale, False)
     else:

@@ -25,11 +25,11 @@ def _fwd_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, n0, k_hi, offs_n, stride_kn, str
     """One BLOCK_N key tile starting at row n0 (keys >= k_hi masked when MASK_K)."""
     if MASK_K:
         valid = (n0 + offs_n) < k_hi
-        k = tl.load(k_ptrs + n0 * stride_kn, mask=valid[None, :], other=0.0)
-        v = tl.load(v_ptrs + n0 * stride_vn, mask=valid[:, None], other=0.0)
+        k = tl.load(k_ptrs + tl.cast(n0, tl.int64) * stride_kn, mask=valid[None, :], other=0.0)
+        v = tl.load(v_ptrs + tl.cast(n0, tl.int64) * stride_vn, mask=valid[:, None], other=0.0)
     else:
-        k = tl.load(k_ptrs + n0 * stride_kn)
-        v = tl.load(v_ptrs + n0 * stride_vn)
+        k = tl.load(k_ptrs + tl.cast(n0, tl.int64) * stride_kn)
+        v = tl.load(v_ptrs + tl.cast(n0, tl.int64) * stride_vn)
     qk = tl.dot(q, k)
     if MASK_K:
         qk = tl.where(valid[None, :], qk, float("-inf"))
@@ -80,10 +80,9 @@ def _fwd_kernel(Q, K, V, Out, Lse,
     hi = tl.load(row_ptr + row + 1)
     if K_BLOCK > 0:
         # Uniform key blocks: one flat loop over (kept block, tile) pairs, no masks.
-        TILES: tl.constexpr = K_BLOCK // BLOCK_N
-        for it in range(lo * TILES, hi * TILES):
-            kblk = tl.load(row_idx + it // TILES)
-            n0 = kblk * K_BLOCK + (it % TILES) * BLOCK_N
+        for it in range(lo * (K_BLOCK // BLOCK_N), hi * (K_BLOCK // BLOCK_N)):
+            kblk = tl.load(row_idx + it // (K_BLOCK // BLOCK_N))
+            n0 = kblk * K_BLOCK + (it % (K_BLOCK // BLOCK_N)) * BLOCK_N
             acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, n0, 0, offs_n,
                                       stride_ks, stride_vs, qk_scale, False)
     else:
