@@ -177,8 +177,8 @@ def mask_metric(mask: str, cells: pl.DataFrame, metric: str, peers: pl.DataFrame
     y = alt.Y(f"{metric}:Q", title=title)
     layers = [("measured", df, _lines(df, _length_x(), y))]
     if metric == "tflops" and not peers.is_empty():
-        shown = df.select("pass", "attn").unique()
-        layers += _peer_layers(peers.join(shown, on=["pass", "attn"], how="semi"), "sequence length (tokens)")
+        shown = df.select("mask", "pass", "attn").unique()
+        layers += _peer_layers(peers.join(shown, on=["mask", "pass", "attn"], how="semi"), "sequence length (tokens)")
     chart, values = _layered_facet(layers, row="attn", column="pass")
     what = "throughput" if metric == "tflops" else "memory"
     return ChartSpec(

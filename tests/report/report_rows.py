@@ -83,6 +83,8 @@ def synthetic_rows(samples: int = 2, seqlens: tuple[int, ...] = (1024, 4096, 163
         rows.append(r)
     rows.append(dict(_cell("flex", "causal", "fwd", 4096 * 16, 64, 8, world_size=16, cp_mechanism="ring"),
                      status="error", reason="NCCL timeout (fixture)"))
+    # a kernel name that is HTML: every page must show it as text
+    rows.append(dict(_cell(HOSTILE, "full", "fwd", seqlens[0], 64, 8), status="error", reason="fixture " + HOSTILE))
     for kernel, s in itertools.product(("gla_fixture",), seqlens):
         row = _cell(kernel, "causal", "fwd", s, 64, 8, kernel_family="linear", flop_model="linear_gla")
         ms = s / 2e6 * 1e3  # linear: time proportional to length

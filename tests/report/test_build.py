@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pyarrow.parquet as pq
+
+from longca.cli import main
+
+
+def test_site_layout(site: Path) -> None:
+    built = json.loads((site / "build.json").read_text())
+    for page in ("index.html", "masks.html", "sparse.html", "cp.html", "linear.html", "gallery.html", "status.html",
+                 "peers.html", "environment.html", "mask-full.html", "mask-causal_document.html"):
+        assert (site / page).is_file(), page
+    bundle = (site / "assets" / "vega-bundle.js").read_text()
+    assert "window.vegaEmbed" in bundle and len(bundle) > 100_000
+    assert built["charts"]
+    for chart in built["charts"]:
+        for ext in ("svg", "png", "vl.json", "csv"):
+            assert (site / "charts" / f"{chart}.{ext}").stat().st_size > 0, (chart, ext)
+        assert (site / "charts" / f"{chart}.svg").read_text().lstrip().startswith("<svg")
+        assert (site / "charts" / f"{chart}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_every_chart_is_on_a_page_and_pages_link_the_bundle_relatively(site: Path) -> None:
+    charts = set(json.loads((site / "build.json").read_text())["charts"])
+    shown = set()
+    for page in site.glob("*.html"):
+        html = page.read_text()
+        shown |= {c for c in charts if f'id="chart-{c}"' in html}
+        if 'class="chart"' in html:
+            assert '<script src="assets/vega-bundle.js"></script>' in html
+    assert shown == charts
+
+
+def test_downloads_hold_every_row(site: Path, rows_path: Path) -> None:
+    rows = pq.read_table(rows_path)
+    assert pq.read_table(site / "data" / "all.parquet").num_rows == rows.num_rows
+    csv = pl.read_csv(site / "data" / "all.csv", infer_schema=False)
+    assert csv.height == rows.num_rows and "samples_ms" in csv.columns
+
+
+def test_overview_content(site: Path) -> None:
+    html = (site / "index.html").read_text()
+    for text in ("Kernel × mask support", "Best kernel per mask and length", "fraction of the best full-mask",
+                 "OOM at some sizes", "Fixture GPU (synthetic) @ fixture-host"):
+        assert text in html, text
+
+
+def test_environment_page_names_the_machine_and_reproduce_command(site: Path) -> None:
+    html = (site / "environment.html").read_text()
+    for text in ("Fixture GPU (synthetic)", "fixture-host", "env-fixture", "run-fixture", "0000000",
+                 "longca report --data", "snakemake --cores all reports/fixture/index.html", "data/all.parquet"):
+        assert text in html, text
+
+
+def test_gallery_page_says_what_it_has(site: Path) -> None:
+    html = (site / "gallery.html").read_text()
+    assert "<img" in html or "No gallery images were built" in html
+
+
+def test_command_reports_a_missing_input(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main(["report", "--data", str(tmp_path / "none.parquet"), "--out", str(tmp_path / "r")]) == 2
+    assert "no such result file" in capsys.readouterr().err

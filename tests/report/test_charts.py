@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+import pytest
+from altair.utils.schemapi import validate_jsonschema
+from altair.vegalite.v6.schema import load_schema
+from report_rows import synthetic_table
+
+from longca.report import charts, peers, queries
+
+
+@pytest.fixture(scope="module")
+def cells() -> pl.DataFrame:
+    return queries.cells(pl.from_arrow(synthetic_table()))
+
+
+def _all_charts(c: pl.DataFrame) -> list[charts.ChartSpec]:
+    peer = peers.load()
+    out = []
+    best = queries.best_kernel(c)
+    out += [charts.support_chart(queries.support_matrix(c)), charts.best_heatmap(best),
+            charts.fraction_chart(queries.fraction_of_full(best))]
+    ok = queries.mask_cells(c)
+    out += [charts.mask_metric("causal", ok, m, peers.for_masks(peer)) for m in ("tflops", "peak_mem_gib")]
+    sp = queries.sparse_cells(c)
+    out += [charts.sparse_chart(sp, peers.for_sparse(peer), x) for x in ("density", "block_size")]
+    out += [charts.cp_chart(queries.cp_cells(c), peers.for_cp(peer), k) for k in ("world", "length", "comm", "imbalance")]
+    out += [charts.linear_chart(*queries.linear_vs_softmax(c))]
+    return [ch for ch in out if ch is not None]
+
+
+def test_every_chart_is_valid_vega_lite(cells: pl.DataFrame) -> None:
+    specs = _all_charts(cells)
+    assert len(specs) == 12
+    schema = load_schema()
+    for ch in specs:
+        spec = ch.spec()
+        assert validate_jsonschema(spec, schema, raise_error=False) is None, ch.id
+        assert spec["datasets"][charts.DATASET], ch.id
+
+
+def _layer(spec: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    return [v for v in spec["datasets"][charts.DATASET] if v.get("_layer") == name]
+
+
+def test_mask_chart_draws_only_ok_cells_and_tags_peers(cells: pl.DataFrame) -> None:
+    ok = queries.mask_cells(cells)
+    ch = charts.mask_metric("full", ok, "tflops", peers.for_masks(peers.load()))
+    spec = ch.spec()
+    measured = _layer(spec, "measured")
+    expected = ok.filter(pl.col("mask") == "full")
+    assert len(measured) == expected.height
+    assert {v["kernel"] for v in measured} == set(expected.get_column("kernel"))
+    assert not any("source" in v for v in measured)  # no peer field leaks into measured rows
+    published = _layer(spec, "peer_point") + _layer(spec, "peer_range")
+    assert published and all(v["label"].endswith("(published)") for v in published)
+    assert {v["mask"] for v in published} == {"full"}
+    assert "FA3 648 · H100 SXM5 (published)" in {v["label"] for v in _layer(spec, "peer_text")}
+
+
+def test_peers_only_in_panels_that_have_measured_rows(cells: pl.DataFrame) -> None:
+    ok = queries.mask_cells(cells).filter(pl.col("attn") == "GQA")
+    spec = charts.mask_metric("full", ok, "tflops", peers.for_masks(peers.load())).spec()
+    assert {v["attn"] for v in _layer(spec, "peer_text")} == {"GQA"}
+
+
+def test_no_rows_no_chart() -> None:
+    empty = queries.cells(pl.from_arrow(synthetic_table()).clear())
+    assert charts.best_heatmap(queries.best_kernel(empty)) is None
+    assert charts.linear_chart(*queries.linear_vs_softmax(empty)) is None
+
+
+def test_records_are_json_safe() -> None:
+    df = pl.DataFrame({"tflops": [float("nan"), float("inf"), 1.0], "kernel": ["a", "b", "c"]})
+    assert [r["tflops"] for r in charts.records(df)] == [None, None, 1.0]
+
+
+def test_slug_keeps_file_names_safe() -> None:
+    assert charts.slug("../etc/<x> y") == "etc--x--y"
+    assert charts.slug("causal_document") == "causal_document"

@@ -1,0 +1,123 @@
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+import pytest
+from report_rows import synthetic_table
+
+from longca.report import queries
+from longca.store.schema import to_table
+
+
+def _row(kernel: str = "k", mask: str = "full", s: int = 1024, status: str = "ok", tflops: float | None = 100.0,
+         **kw: Any) -> dict[str, Any]:
+    row = dict(kernel=kernel, mask=mask, seqlen_q=s, seqlen_k=s, batch=1, heads_q=8, heads_kv=8, head_dim=64,
+               dtype="bf16", status=status, tflops=tflops if status == "ok" else None, device_name="dev",
+               host="h", device="cuda", cell_id=f"{kernel}/{mask}/{s}/{kw.get('pass', 'fwd')}", world_size=1,
+               median_ms=1.0, reason=None if status == "ok" else f"{status} reason")
+    row["pass"] = "fwd"
+    row.update(kw)
+    return row
+
+
+def _cells(rows: list[dict[str, Any]]) -> pl.DataFrame:
+    return queries.cells(pl.from_arrow(to_table(rows)))
+
+
+def test_cell_is_the_median_of_its_samples() -> None:
+    c = _cells([_row(tflops=t, mask_sample=i) for i, t in enumerate((10.0, 30.0, 20.0))])
+    assert c.height == 1
+    assert c.item(0, "tflops") == 20.0 and c.item(0, "rows") == 3 and c.item(0, "status") == "ok"
+
+
+def test_one_failed_sample_withholds_the_whole_cell() -> None:
+    c = _cells([_row(mask_sample=0), _row(mask_sample=1, status="incorrect")])
+    assert c.item(0, "status") == "incorrect" and not c.item(0, "all_ok")
+    assert queries.mask_cells(c).is_empty()
+    assert queries.partly_failed(c) == 1
+
+
+@pytest.mark.parametrize("status", ["error", "incorrect", "oom", "unsupported", "timeout"])
+def test_non_ok_never_drawn_and_always_listed(status: str) -> None:
+    rows = [_row(kernel="good"), _row(kernel="bad", status=status)]
+    df = pl.from_arrow(to_table(rows))
+    c = queries.cells(df)
+    for frame in (queries.mask_cells(c), queries.best_kernel(c), queries.sparse_cells(c), queries.cp_cells(c)):
+        assert "bad" not in frame.get_column("kernel").to_list()
+    bad = queries.non_ok(df, c)
+    assert bad.get_column("kernel").to_list() == ["bad"]
+    assert bad.get_column("reason").to_list() == [f"{status} reason"]
+
+
+def test_same_cell_on_two_machines_stays_two_cells() -> None:
+    c = _cells([_row(host="a", tflops=10.0), _row(host="b", tflops=30.0)])
+    assert sorted(c.get_column("tflops").to_list()) == [10.0, 30.0]
+
+
+def test_best_kernel_and_fraction_of_full() -> None:
+    c = _cells([_row("a", "full", tflops=200.0), _row("b", "full", tflops=150.0),
+                _row("a", "causal", tflops=80.0), _row("b", "causal", tflops=120.0),
+                _row("b", "sliding_window", s=2048, tflops=50.0)])
+    best = queries.best_kernel(c)
+    by = {r["mask"]: (r["kernel"], r["tflops"]) for r in best.iter_rows(named=True)}
+    assert by == {"full": ("a", 200.0), "causal": ("b", 120.0), "sliding_window": ("b", 50.0)}
+    frac = {r["mask"]: r["fraction"] for r in queries.fraction_of_full(best).iter_rows(named=True)}
+    # no full-mask cell at 2048: no fraction rather than a made-up one
+    assert frac == {"full": 1.0, "causal": 0.6}
+
+
+def test_support_matrix_categories() -> None:
+    rows = [_row("a", "full"), _row("a", "full", s=2048, status="oom"),
+            _row("a", "causal", status="unsupported"), _row("b", "full"), _row("b", "causal", status="error"),
+            _row("b", "causal", s=2048)]
+    m = {(r["kernel"], r["mask"]): (r["category"], r["label"]) for r in
+         queries.support_matrix(_cells(rows)).iter_rows(named=True)}
+    assert m[("a", "full")] == ("OOM at some sizes", "1/2 ok")
+    assert m[("a", "causal")] == ("unsupported", "0/1 ok")
+    assert m[("b", "full")] == ("supported", "1/1 ok")
+    assert m[("b", "causal")][0].startswith("failed")
+
+
+def test_cp_ratios() -> None:
+    c = _cells([_row(world_size=2, cp_mechanism="ring", rank_ms=[1.0, 3.0], rank_area=[10, 30],
+                     comm_exposed_ms=0.5, median_ms=2.0)])
+    cp = queries.cp_cells(c)
+    assert cp.item(0, "imbalance_time") == pytest.approx(1.5)
+    assert cp.item(0, "imbalance_area") == pytest.approx(1.5)
+    assert cp.item(0, "comm_share") == pytest.approx(0.25)
+    assert queries.mask_cells(c).is_empty()  # CP rows are not single-device kernel results
+
+
+def _linear_case(soft: list[float], lin: list[float]) -> pl.DataFrame:
+    lengths = [1024 * 2**i for i in range(len(soft))]
+    rows = [_row("softmax_k", "causal", s, tokens_per_s=t) for s, t in zip(lengths, soft)]
+    rows += [_row("lin", "causal", s, tokens_per_s=t, kernel_family="linear", tflops=None) for s, t in zip(lengths, lin)]
+    return queries.linear_vs_softmax(_cells(rows))[1]
+
+
+def test_linear_crossover() -> None:
+    cross = _linear_case([100, 80, 60, 40], [50, 70, 65, 60])
+    assert cross.select("crossover", "below").row(0) == (4096, 2048)
+    # ahead at 2048, behind at 4096, ahead after: the crossover is where it stays ahead
+    cross = _linear_case([100, 60, 70, 40], [50, 65, 60, 60])
+    assert cross.select("crossover", "below").row(0) == (8192, 4096)
+    assert _linear_case([10, 10], [20, 20]).select("crossover", "below").row(0) == (1024, None)
+    assert _linear_case([30, 30], [20, 20]).select("crossover", "below").row(0) == (None, 2048)
+
+
+def test_linear_series_names_best_softmax_per_length() -> None:
+    rows = [_row("s1", "causal", 1024, tokens_per_s=10.0), _row("s2", "causal", 1024, tokens_per_s=30.0),
+            _row("lin", "causal", 1024, tokens_per_s=20.0, kernel_family="linear", tflops=None)]
+    series, _ = queries.linear_vs_softmax(_cells(rows))
+    soft = series.filter(pl.col("series") == "best softmax")
+    assert soft.select("kernel", "tokens_per_s").row(0) == ("s2", 30.0)
+
+
+def test_fixture_rows_cover_every_family() -> None:
+    df = pl.from_arrow(synthetic_table())
+    c = queries.cells(df)
+    assert set(df.get_column("status").unique()) >= {"ok", "unsupported", "oom", "error", "incorrect"}
+    assert queries.sparse_cells(c).height and queries.cp_cells(c).height
+    assert queries.linear_vs_softmax(c)[0].height
+    assert queries.non_ok(df, c).get_column("rows").sum() == df.filter(pl.col("status") != "ok").height
