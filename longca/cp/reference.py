@@ -12,14 +12,31 @@ from longca.masks import slices as sl
 
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slices: np.ndarray,
-                        dout: torch.Tensor | None = None, dtype: torch.dtype = torch.float64):
+                        dout: torch.Tensor | None = None, dtype: torch.dtype = torch.float64,
+                        kv_heads_per_chunk: int | None = None):
     """Output (and q/k/v gradients when dout is given) of masked softmax attention.
 
-    q (B, Hq, S, D), k/v (B, Hkv, S, D); computed in `dtype`. Rows without keys give zeros.
+    q (B, Hq, S, D), k/v (B, Hkv, S, D); computed in `dtype`, `kv_heads_per_chunk` KV heads (and
+    their query heads) at a time to bound memory. Rows without keys give zeros.
     Returns (out, dq, dk, dv) in `dtype` (gradients None without dout)."""
-    b, hq, s, d = q.shape
-    g = hq // k.shape[1]
-    mask = torch.from_numpy(sl.to_dense(slices, s, k.shape[2])).to(q.device)
+    hk = k.shape[1]
+    step = kv_heads_per_chunk or hk
+    g = q.shape[1] // hk
+    mask = torch.from_numpy(sl.to_dense(slices, q.shape[2], k.shape[2])).to(q.device)
+    parts = []
+    for h0 in range(0, hk, step):
+        h1 = min(hk, h0 + step)
+        parts.append(_attention(q[:, h0 * g:h1 * g], k[:, h0:h1], v[:, h0:h1], mask,
+                                None if dout is None else dout[:, h0 * g:h1 * g], dtype))
+    out = torch.cat([p[0] for p in parts], 1)
+    if dout is None:
+        return out, None, None, None
+    return (out, *(torch.cat([p[i] for p in parts], 1) for i in (1, 2, 3)))
+
+
+def _attention(q, k, v, mask, dout, dtype):
+    d = q.shape[-1]
+    g = q.shape[1] // k.shape[1]
     qq, kk, vv = (t.detach().to(dtype).requires_grad_(dout is not None) for t in (q, k, v))
     with torch.set_grad_enabled(dout is not None):
         scores = qq @ kk.repeat_interleave(g, 1).transpose(-1, -2) / math.sqrt(d)

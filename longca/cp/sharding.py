@@ -107,6 +107,11 @@ def document(seqlen: int, world: int, slices: np.ndarray, chunks_per_rank: int =
     return Sharding("document", seqlen, tuple(_merge(ch) for ch in chosen))
 
 
+def granule(balance: str, world: int, chunks_per_rank: int = 4) -> int:
+    """The sequence length must be a multiple of this for `balance` at `world` ranks."""
+    return {"contiguous": world, "zigzag": 2 * world, "document": chunks_per_rank * world}[balance]
+
+
 def make_sharding(balance: str, seqlen: int, world: int, slices: np.ndarray | None = None) -> Sharding:
     """The sharding named by `balance` (one of BALANCES)."""
     if balance == "contiguous":

@@ -67,7 +67,10 @@ def _worker(rank: int, world: int, port: int, doc_file: str, result_file: str) -
         q, dout = (torch.randn(BATCH, HQ, SEQLEN, HEAD_DIM, generator=g, dtype=torch.float64) for _ in range(2))
         k, v = (torch.randn(BATCH, HKV, SEQLEN, HEAD_DIM, generator=g, dtype=torch.float64) for _ in range(2))
         ref = reference_attention(q, k, v, mask.slices, dout)
-        for balance in BALANCES:
+        # World 2 crosses every balance with every case; world 4 rotates balances over masks to
+        # keep CI time down (4 processes on 2 cores) while still running each balance there.
+        balances = BALANCES if world == 2 else (BALANCES[STATIC.index(mask_name) % len(BALANCES)],)
+        for balance in balances:
             sharding = make_sharding(balance, SEQLEN, world, mask.slices)
             pos = torch.from_numpy(sharding.positions(rank))
             for mech, degrees in CASES[world]:
@@ -120,7 +123,7 @@ def test_every_mechanism_and_mask_matches_reference(world: int, doc_file: str, t
     summary = [(r["mask"], r["balance"], r["mechanism"], r["degrees"], r.get("errors") or r["failure"][-300:])
                for r in failures]
     assert not failures, f"{len(failures)} failing cases, first: {summary[:6]}"
-    n_cases = len(STATIC) * len(BALANCES) * len(CASES[world])
+    n_cases = len(STATIC) * (len(BALANCES) if world == 2 else 1) * len(CASES[world])
     assert len(results) == n_cases
     for r in results:
-        assert sum(r["rank_areas"]) == BATCH * r["area"] / BATCH  # areas per batch element add up
+        assert sum(r["rank_areas"]) == r["area"]  # per-rank areas (one batch element) add up
