@@ -4,6 +4,7 @@ so adding a kernel is adding one module (no list to edit)."""
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 
 from longca.kernels.base import Kernel
@@ -27,6 +28,10 @@ def load_all() -> dict[str, Kernel]:
 
         for mod in sorted(m.name for m in pkgutil.iter_modules(pkg.__path__)):
             importlib.import_module(f"{pkg.__name__}.{mod}")
+        # Kernels outside the package (a user's own adapter, or tests' deliberately broken ones):
+        # LONGCA_PLUGINS=module[,module...], importable from PYTHONPATH, each calling register().
+        for name in filter(None, (m.strip() for m in os.environ.get("LONGCA_PLUGINS", "").split(","))):
+            importlib.import_module(name)
         _loaded = True
     return KERNELS
 

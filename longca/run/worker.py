@@ -10,19 +10,12 @@ written. Exit code 3 asks for a restart (the CUDA context is unusable after a CU
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import sys
 import time
 
 EXIT_RESTART = 3
-
-
-def load_plugins() -> None:
-    """Extra kernel modules named in LONGCA_PLUGINS (comma-separated), e.g. a user's own adapter."""
-    for name in filter(None, (m.strip() for m in os.environ.get("LONGCA_PLUGINS", "").split(","))):
-        importlib.import_module(name)
 
 
 def main(argv: list[str]) -> int:
@@ -36,8 +29,7 @@ def main(argv: list[str]) -> int:
     from longca.spec.cells import Cell
     from longca.store.write import write_rows
 
-    load_all()
-    load_plugins()
+    load_all()  # includes LONGCA_PLUGINS
     kernel_s = 0.0
     t0 = time.perf_counter()
     for i, (cell_json, path) in enumerate(zip(job["cells"], job["outputs"])):

@@ -28,6 +28,12 @@ def check_mask_params(name: str, params: dict[str, Any], where: str) -> None:
         if key not in declared:
             raise SpecError(f"{where}.{key}", f"mask {name!r} has no parameter {key!r}; allowed: {sorted(declared) or 'none'}")
         p = declared[key]
+        if hasattr(p, "coerce"):  # the pattern's own typed check (types, bounds, choices, names)
+            try:
+                p.coerce(name, value)
+            except ValueError as exc:
+                raise SpecError(f"{where}.{key}", str(exc)) from None
+            continue
         ok = isinstance(value, p.type) and not (p.type is int and isinstance(value, bool))
         if p.type is float and isinstance(value, int) and not isinstance(value, bool):
             ok = True
@@ -37,12 +43,6 @@ def check_mask_params(name: str, params: dict[str, Any], where: str) -> None:
             raise SpecError(f"{where}.{key}", f"{value!r} is below the minimum {p.minimum}")
         if p.choices is not None and value not in p.choices:
             raise SpecError(f"{where}.{key}", f"{value!r} is not allowed; allowed: {list(p.choices)}")
-        validator = getattr(p, "validate", None)
-        if callable(validator):
-            try:
-                validator(value)
-            except ValueError as exc:
-                raise SpecError(f"{where}.{key}", str(exc)) from None
 
 
 def check_spec(spec: Spec) -> None:

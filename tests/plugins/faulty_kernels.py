@@ -1,0 +1,61 @@
+"""Deliberately broken kernels, registered only in tests (LONGCA_PLUGINS=faulty_kernels).
+
+Each fails in one way a real kernel can: wrong numbers, a crash, a hang, an exception, an
+out-of-memory error, or an impossible speed. The pipeline must turn each into the right row.
+"""
+
+import os
+import signal
+import time
+
+import torch
+
+from longca.kernels.adapters.naive import NaiveAttention
+from longca.kernels.base import Capabilities, Prepared
+from longca.kernels.registry import KERNELS, register
+
+CAPS = Capabilities(mask_forms=frozenset({"full", "dense"}), dtypes=frozenset({"float32", "float64"}),
+                    devices=frozenset({"cpu", "cuda"}))
+_naive = NaiveAttention()
+
+
+class Faulty:
+    layout = "bhsd"
+    caps = CAPS
+
+    def __init__(self, name, mode):
+        self.name = name
+        self.mode = mode
+        self.description = f"test kernel that fails by: {mode}"
+
+    def prepare(self, mask, **kw):
+        good = _naive.prepare(mask, **kw)
+        mode = self.mode
+        cached = {}
+
+        def call(q, k, v):
+            if mode == "wrong":
+                return good.call(q, k, v) * 1.01  # 1% off: must be caught as incorrect
+            if mode == "segfault" and q.shape[2] > 128:
+                os.kill(os.getpid(), signal.SIGSEGV)
+            if mode == "hang" and q.shape[2] > 128:
+                time.sleep(3600)
+            if mode == "raise" and q.shape[2] > 128:
+                raise RuntimeError("deliberate failure inside the kernel")
+            if mode == "oom" and q.shape[2] > 128:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 TiB (deliberate)")
+            if mode == "too_fast" and q.shape[2] > 128:
+                # Correct output, returned without computing: the speed is impossible.
+                key = id(q)
+                if key not in cached:
+                    cached.clear()
+                    cached[key] = good.call(q, k, v).detach()
+                return cached[key].requires_grad_(q.requires_grad)
+            return good.call(q, k, v)
+
+        return Prepared(call=call, layout=self.layout, info={"backend": "test"})
+
+
+for _mode in ("wrong", "segfault", "hang", "raise", "oom", "too_fast"):
+    if f"test_{_mode}" not in KERNELS:
+        register(Faulty(f"test_{_mode}", _mode))

@@ -1,0 +1,82 @@
+"""One cell end to end on the CPU: rows, correctness gate, peak gate, unsupported reasons."""
+
+import pytest
+
+from longca.run.cell import run_cell
+from longca.spec.cells import expand
+from longca.spec.load import load_spec
+
+
+def spec(kernels, masks="[full, causal]", extra=""):
+    return load_spec(text=f"""
+name: t
+device: cpu
+repeat: {{warmup: 1, iters: 3, min_iters: 1, budget_s: 0.2, l2_flush: false}}
+check: {{max_seqlen: 256}}
+mask_samples: {{multi_document: 2, single: 1}}
+kernels: {kernels}
+masks: {masks}
+seqlens: [192]
+heads: ["2:1"]
+head_dims: [16]
+dtypes: [float32]
+passes: [bwd]
+{extra}
+sweeps: [{{name: s}}]
+""")
+
+
+def test_naive_and_sdpa_rows_are_ok_and_checked():
+    for cell in expand(spec("[naive, sdpa_math]")):
+        rows = run_cell(cell)
+        assert len(rows) == 1
+        r = rows[0]
+        assert r["status"] == "ok", r["reason"]
+        assert r["rel_err_out"] < 1e-5 and r["rel_err_dq"] < 1e-5
+        assert r["timed_iters"] >= 1 and len(r["samples_ms"]) == r["timed_iters"]
+        assert r["p20_ms"] <= r["median_ms"] <= r["p80_ms"]
+        assert r["mask_area"] == (192 * 192 if cell.mask == "full" else 192 * 193 // 2)
+        assert r["flops"] == 2.5 * 4 * r["mask_area"] * 2 * 16
+        assert r["device"] == "cpu" and r["git_commit"] is not None
+
+
+def test_multi_document_mask_gives_one_row_per_sample():
+    cell = expand(spec("[sdpa_math]", masks="[causal_document]"))[0]
+    rows = run_cell(cell)
+    assert [r["mask_sample"] for r in rows] == [0, 1]
+    assert all(r["status"] == "ok" and r["distribution"] for r in rows)
+
+
+def test_planned_unsupported_has_reason():
+    cell = expand(spec("[sdpa_flash]", masks="[causal_document]"))[0]
+    (row,) = run_cell(cell)
+    assert row["status"] == "unsupported"
+    assert "causal_document" in row["reason"] and "kernel takes" in row["reason"]
+
+
+def test_cuda_only_kernel_on_cpu_is_unsupported():
+    (row,) = run_cell(expand(spec("[sdpa_cudnn]"))[0])
+    assert row["status"] == "unsupported" and "cpu" in row["reason"]
+
+
+def test_wrong_kernel_is_incorrect_never_a_speed(plugin_env):
+    (row,) = run_cell(expand(spec("[test_wrong]"))[0])
+    assert row["status"] == "incorrect"
+    assert row.get("median_ms") is None and row.get("tflops") is None
+    assert row["rel_err_out"] == pytest.approx(0.01, rel=1e-3)
+
+
+def test_impossible_speed_is_an_error(plugin_env):
+    s = spec("[test_too_fast]", masks="[full]")
+    cell = expand(s)[0]
+    import dataclasses
+    cell = dataclasses.replace(cell, seqlen=2048, heads_q=16, heads_kv=16, head_dim=128, pass_="fwd")
+    (row,) = run_cell(cell)
+    assert row["status"] == "error", row
+    assert "above the device peak" in row["reason"]
+
+
+def test_exception_and_oom_become_rows(plugin_env):
+    rows = {c.kernel: run_cell(c)[0] for c in expand(spec("[test_raise, test_oom]", masks="[full]"))}
+    assert rows["test_raise"]["status"] == "error" and "deliberate failure" in rows["test_raise"]["reason"]
+    assert rows["test_oom"]["status"] == "oom"

@@ -1,0 +1,46 @@
+"""Fault isolation: crashes, hangs, exceptions and OOMs in one cell never cost another cell."""
+
+import pyarrow.parquet as pq
+
+from longca.run.chunk import run_chunk
+from longca.spec.cells import expand
+from longca.spec.load import load_spec
+
+SPEC = """
+name: faults
+device: cpu
+repeat: {warmup: 0, iters: 2, min_iters: 1, budget_s: 0.1, l2_flush: false}
+check: {max_seqlen: 128}
+timeout_s: 4
+kernels: [naive, test_segfault, test_hang, test_raise, test_oom]
+masks: [full]
+seqlens: [192]
+heads: ["2:2"]
+head_dims: [16]
+dtypes: [float32]
+passes: [fwd]
+sweeps: [{name: s}]
+"""
+
+
+def test_every_fault_ends_as_its_row(tmp_path, plugin_env, monkeypatch):
+    import longca.run.chunk as chunk
+
+    monkeypatch.setattr(chunk, "GRACE_S", 20.0)
+    path = tmp_path / "faults.yaml"
+    path.write_text(SPEC)
+    cells = expand(load_spec(path))
+    # Put the good kernel last: it must still run after every kind of failure before it.
+    cells = sorted(cells, key=lambda c: c.kernel == "naive")
+    outputs = [c.output(tmp_path / "results") for c in cells]
+    run_chunk(str(path), outputs, str(tmp_path / "results"))
+    status = {}
+    for c, o in zip(cells, outputs):
+        t = pq.read_table(o).to_pylist()
+        assert len(t) == 1
+        status[c.kernel] = (t[0]["status"], t[0]["reason"] or "")
+    assert status["naive"][0] == "ok"
+    assert status["test_segfault"][0] == "error" and "SIGSEGV" in status["test_segfault"][1]
+    assert status["test_hang"][0] == "timeout" and "time limit" in status["test_hang"][1]
+    assert status["test_raise"][0] == "error" and "deliberate failure" in status["test_raise"][1]
+    assert status["test_oom"][0] == "oom"

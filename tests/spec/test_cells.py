@@ -1,0 +1,67 @@
+"""Matrix expansion: counts, stable ids, exclusions, hive paths that readers parse."""
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from longca.spec.cells import expand
+from longca.spec.load import load_spec
+
+SPEC = """
+name: t
+device: cpu
+kernels: [naive, sdpa_math]
+masks: [full, {name: sliding_window, window: 8}]
+seqlens: [64, "1K"]
+heads: ["4:4", "4:2"]
+head_dims: [16]
+dtypes: [float32, bf16]
+passes: [fwd, bwd]
+sweeps:
+  - name: dense
+    exclude:
+      - {kernel: naive, seqlen: 1K}
+  - name: cp
+    kernels: [naive]
+    masks: [causal]
+    seqlens: [64]
+    dtypes: [float64]
+    cp: {mechanisms: [ring_p2p, usp], world_sizes: [2, 4]}
+"""
+
+
+def test_counts_and_exclusion():
+    cells = expand(load_spec(text=SPEC))
+    dense = [c for c in cells if c.sweep == "dense"]
+    assert len(dense) == 2 * 2 * 2 * 2 * 2 * 2 - 1 * 2 * 2 * 2 * 2  # naive at 1K excluded
+    assert not [c for c in dense if c.kernel == "naive" and c.seqlen == 1024]
+    cp = [c for c in cells if c.sweep == "cp"]
+    # ring_p2p: one layout per world size; usp: every divisor of the world size.
+    assert len(cp) == (1 + 1) * 2 * 2 + (2 + 3) * 2 * 2
+    assert {dict(c.cp_degrees)["ulysses"] for c in cp if c.cp_mechanism == "usp" and c.world_size == 4} == {1, 2, 4}
+
+
+def test_ids_are_stable_and_unique():
+    a = expand(load_spec(text=SPEC))
+    b = expand(load_spec(text=SPEC))
+    assert [c.id for c in a] == [c.id for c in b]
+    assert len({c.relpath() for c in a}) == len(a)
+    assert "kernel=naive/mask=full" in a[0].id
+
+
+def test_changing_a_non_path_field_changes_the_file_only():
+    a = {c.id.split("@")[0]: c.relpath() for c in expand(load_spec(text=SPEC))}
+    b = {c.id.split("@")[0]: c.relpath() for c in expand(load_spec(text=SPEC + "repeat: {iters: 7}\n"))}
+    assert a.keys() == b.keys()
+    assert all(a[k] != b[k] for k in a)
+
+
+def test_hive_paths_match_columns(tmp_path):
+    cells = expand(load_spec(text=SPEC))[:3]
+    for c in cells:
+        path = tmp_path / c.relpath()
+        path.parent.mkdir(parents=True)
+        pq.write_table(pa.table({"kernel": [c.kernel], "seqlen_q": [c.seqlen], "mask": [c.mask]}), path)
+    rows = duckdb.sql(f"SELECT kernel, seqlen_q, mask, dtype FROM read_parquet('{tmp_path}/**/*.parquet', "
+                      "hive_partitioning=true) ORDER BY ALL").fetchall()
+    assert sorted(rows) == sorted((c.kernel, c.seqlen, c.mask, c.dtype) for c in cells)

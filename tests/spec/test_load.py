@@ -1,0 +1,120 @@
+"""Spec validation: every malformed spec fails before measurement, naming field and allowed values."""
+
+import textwrap
+
+import pytest
+
+from longca.spec.load import SpecError, load_spec, parse_seqlen
+
+GOOD = """
+name: t
+device: cpu
+kernels: [naive]
+masks: [full, causal]
+seqlens: [256]
+heads: ["4:2"]
+head_dims: [32]
+dtypes: [float32]
+passes: [fwd]
+sweeps:
+  - name: dense
+"""
+
+
+def spec_with(**changes):
+    import yaml
+
+    raw = yaml.safe_load(GOOD)
+    for key, value in changes.items():
+        if key.startswith("sweep_"):
+            raw["sweeps"][0][key[6:]] = value
+        elif value is None:
+            raw.pop(key, None)
+        else:
+            raw[key] = value
+    return yaml.safe_dump(raw)
+
+
+def test_good_spec_loads():
+    spec = load_spec(text=GOOD)
+    assert spec.sweeps[0].seqlens == (256,)
+    assert spec.sweeps[0].heads == ((4, 2),)
+
+
+def test_seqlen_units():
+    assert parse_seqlen("32K", "x") == 32768
+    assert parse_seqlen("1M", "x") == 1048576
+    assert parse_seqlen(300, "x") == 300
+
+
+# (spec text, field named in the error, words the message must contain)
+BAD = [
+    (spec_with(kernels=["flashy"]), "sweeps.0.kernels.0", ["flashy", "allowed", "naive"]),
+    (spec_with(masks=["casual"]), "sweeps.0.masks.0", ["casual", "allowed", "causal"]),
+    (spec_with(masks=[{"name": "sliding_window", "windw": 3}]), "sweeps.0.masks.0.windw", ["windw", "window"]),
+    (spec_with(masks=[{"name": "sliding_window", "window": "big"}]), "sweeps.0.masks.0.window", ["big", "integer"]),
+    (spec_with(masks=[{"name": "sliding_window", "window": -4}]), "sweeps.0.masks.0.window", ["-4", "allowed", ">= 0"]),
+    (spec_with(masks=[{"name": "full_document", "distribution": "zipf"}]), "sweeps.0.masks.0.distribution",
+     ["zipf", "allowed"]),
+    (spec_with(seqlens=[-5]), "seqlens.0", ["-5"]),
+    (spec_with(seqlens=["12Q"]), "seqlens.0", ["12Q"]),
+    (spec_with(seqlens=[]), "seqlens", ["non-empty", ""]),
+    (spec_with(kernels=[]), "kernels", [""]),
+    (spec_with(heads=["4:3"]), "sweeps.0.heads.0", ["4:3", "multiple"]),
+    (spec_with(heads=["4-2"]), "heads.0", ["4-2"]),
+    (spec_with(heads=["0:0"]), "sweeps.0.heads.0", ["at least 1"]),
+    (spec_with(head_dims=[33]), "sweeps.0.head_dims.0", ["33", "multiples of 8"]),
+    (spec_with(head_dims=["128"]), "head_dims.0", ["128"]),
+    (spec_with(dtypes=["float8"]), "dtypes.0", ["float8", "allowed", "bfloat16"]),
+    (spec_with(passes=["forward"]), "passes.0", ["forward", "allowed", "fwd"]),
+    (spec_with(device="tpu"), "device", ["tpu", "allowed", "cuda"]),
+    (spec_with(batch=[0]), "batch.0", ["0"]),
+    (spec_with(name=None), "(top level)", ["name"]),
+    (spec_with(sweeps=[]), "sweeps", [""]),
+    (spec_with(colour="blue"), "(top level)", ["colour", "allowed keys"]),
+    (spec_with(repeat={"warmup": 1, "iters": 2, "min_iters": 5}), "sweeps.0.repeat.min_iters", ["min_iters"]),
+    (spec_with(repeat={"iters": 0}), "repeat.iters", ["0"]),
+    (spec_with(sweep_exclude=[{"kernel": "nave"}]), "sweeps.0.exclude.0.kernel", ["nave", "allowed", "naive"]),
+    (spec_with(sweep_exclude=[{"colour": "red"}]), "sweeps.0.exclude.0", ["colour"]),
+    (spec_with(sweep_cp={"mechanisms": ["ring"], "world_sizes": [2]}), "sweeps.0.cp.mechanisms.0",
+     ["ring", "allowed", "ring_p2p"]),
+    (spec_with(sweep_cp={"mechanisms": ["ring_p2p"], "world_sizes": [1]}), "sweeps.0.cp.world_sizes.0", ["at least 2"]),
+    (spec_with(sweep_cp={"mechanisms": ["ring_p2p"], "world_sizes": [2], "backend": "nccl"}),
+     "sweeps.0.cp.backend", ["nccl", "cuda"]),
+    (spec_with(seqlens=[250], sweep_cp={"mechanisms": ["ulysses"], "world_sizes": [4]}), "sweeps.0.seqlens.0",
+     ["250", "divisible"]),
+    (spec_with(sweep_cp={"mechanisms": ["usp"], "world_sizes": [2], "ulysses_degrees": [3]}),
+     "sweeps.0.cp.ulysses_degrees.0", ["3"]),
+    (spec_with(kernels=["naive", "naive"]), "sweeps.0.kernels", ["twice"]),
+    (spec_with(sweeps=[{"name": "a"}, {"name": "a"}]), "sweeps.1.name", ["duplicate"]),
+    (spec_with(sweeps=[{"name": "bad name!"}]), "sweeps.0.name", ["bad name!"]),
+    (spec_with(check={"max_seqlen": 4}), "check.max_seqlen", ["16"]),
+    ("name: t\nsweeps: [\n  - {name: a", "(yaml)", ["not valid YAML", "line"]),
+    ("- just\n- a list\n", "(top level)", ["mapping"]),
+    ("name: t\nsweeps:\n  - name: a\n", "sweeps.0.kernels", ["missing", "kernels"]),
+]
+
+
+@pytest.mark.parametrize("text,field,words", BAD, ids=[f"{i}-{b[1]}" for i, b in enumerate(BAD)])
+def test_malformed_spec_fails_naming_field(text, field, words):
+    with pytest.raises(SpecError) as info:
+        load_spec(text=text)
+    msg = str(info.value)
+    assert info.value.field.endswith(field) or field in info.value.field, msg
+    for word in words:
+        assert word in msg, f"{word!r} not in {msg!r}"
+
+
+def test_at_least_25_malformed_specs():
+    assert len(BAD) >= 25
+
+
+def test_spec_file_missing(tmp_path):
+    with pytest.raises(SpecError, match="does not exist"):
+        load_spec(tmp_path / "nope.yaml")
+
+
+def test_yaml_is_loaded_safely():
+    text = textwrap.dedent(GOOD) + "description: !!python/object/apply:os.system ['echo hacked']\n"
+    with pytest.raises(SpecError, match="YAML"):
+        load_spec(text=text)

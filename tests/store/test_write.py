@@ -1,0 +1,59 @@
+import pyarrow.parquet as pq
+import pytest
+
+from longca.store.read import damage
+from longca.store.schema import COLUMNS, REQUIRED, SCHEMA_VERSION, to_table
+from longca.store.write import write_rows
+
+ROW = {"kernel": "naive", "mask": "full", "pass": "fwd", "seqlen_q": 8, "seqlen_k": 8, "batch": 1, "heads_q": 1,
+       "heads_kv": 1, "head_dim": 8, "dtype": "float32", "world_size": 1, "status": "ok", "median_ms": 1.0,
+       "samples_ms": [1.0, 1.1], "mask_params": {"window": 3}}
+
+
+def test_contract_columns_present():
+    for col in REQUIRED:
+        assert col in COLUMNS
+
+
+def test_roundtrip_and_version(tmp_path):
+    path = tmp_path / "a" / "cell.parquet"
+    write_rows(path, [ROW, {**ROW, "status": "oom", "reason": "out of memory"}])
+    t = pq.read_table(path)
+    assert t.num_rows == 2
+    assert t.column("schema_version").to_pylist() == [SCHEMA_VERSION] * 2
+    assert t.column("mask_params").to_pylist()[0] == '{"window": 3}'
+    assert damage(path) is None
+    assert not [p for p in path.parent.iterdir() if p.name != "cell.parquet"], "temporary file left behind"
+
+
+def test_unknown_column_and_status_rejected():
+    with pytest.raises(KeyError, match="outside the schema"):
+        to_table([{**ROW, "colour": "red"}])
+    with pytest.raises(ValueError, match="status"):
+        to_table([{**ROW, "status": "fast"}])
+
+
+@pytest.mark.parametrize("cut", [0, 5, 100, -8])
+def test_truncated_file_is_damaged(tmp_path, cut):
+    path = tmp_path / "cell.parquet"
+    write_rows(path, [ROW])
+    data = path.read_bytes()
+    path.write_bytes(data[:cut] if cut >= 0 else data[:cut])
+    why = damage(path)
+    assert why and str(path) in why
+
+
+def test_corrupt_footer_is_damaged(tmp_path):
+    path = tmp_path / "cell.parquet"
+    write_rows(path, [ROW])
+    data = bytearray(path.read_bytes())
+    data[-20:-8] = b"\xff" * 12  # footer bytes, magic kept
+    path.write_bytes(bytes(data))
+    assert damage(path) and "cell.parquet" in damage(path)
+
+
+def test_failed_write_leaves_nothing(tmp_path):
+    path = tmp_path / "cell.parquet"
+    with pytest.raises(ValueError):
+        write_rows(path, [{**ROW, "status": "nonsense"}])
+    assert list(tmp_path.iterdir()) == []
