@@ -10,7 +10,8 @@ mask_mod reads its intervals from tensors, so masks of one shape share one compi
 `prepare` times the BlockMask construction (build_s) and a warm-up: the first call's time minus
 the second's is the compilation time (compile_s), forward and backward separately in `info`.
 
-Limits: FlexAttention has no backward on CPU (torch raises NotImplementedError), and on CPU takes
+Limits: FlexAttention has no backward on CPU (the call raises Unsupported for inputs that need
+grad, so such cells are `unsupported`), and on CPU takes
 float32/float16/bfloat16 only. On sm90 the Triton templates' default tiles cover head dims up to
 256; head dim 256 backward is the first to run out of shared memory if anything does (see
 notes/kernels.md for what the H200 run showed).
@@ -87,7 +88,7 @@ class FlexAttention:
         devices=frozenset({"cpu", "cuda"}),
         head_dims=None,
         gqa=True,
-        backward=True,  # CUDA only: torch raises NotImplementedError for a CPU backward
+        backward=True,  # CUDA only: on CPU the call raises Unsupported for inputs that need grad
     )
 
     def prepare(self, mask: Mask, *, batch: int, heads_q: int, heads_kv: int, head_dim: int,
@@ -107,6 +108,12 @@ class FlexAttention:
 
         def call(q, k, v):
             return flex_call(q, k, v, block_mask)
+
+        if device.type == "cpu":
+            def call(q, k, v, _call=call):  # noqa: F811 - the CPU variant refuses a backward up front
+                if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+                    raise Unsupported("FlexAttention has no backward on CPU (torch raises NotImplementedError)")
+                return _call(q.detach(), k.detach(), v.detach())  # torch refuses requires_grad inputs
 
         # Warm-up on inputs of the cell's shape: the first call compiles, the second does not.
         backward = device.type == "cuda"
