@@ -1,0 +1,80 @@
+"""Build the FlexAttention BlockMask of every static mask at S = 524288 on the CPU.
+
+Reports, per mask: slice build time, BlockMask build time (slices -> BlockMask, the part the
+paper's FlexAttention runs could not do), peak traced memory of the build (tracemalloc: numpy
+and torch CPU allocations) and the process's peak RSS. Each mask runs in a fresh subprocess so
+peaks do not mix. Goal (issue 3): under 2 s and under 1 GB per mask.
+
+    python benchmarks/masks_blockmask_512k.py [--seqlen 524288] [--block 128] [--out table.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+
+CHILD = r"""
+import json, resource, sys, time, tracemalloc
+import torch
+torch.set_num_threads(int(sys.argv[4]))
+from longca.masks.registry import build_mask
+from longca.masks.flex import to_block_mask
+name, seqlen, block = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+tracemalloc.start()
+t0 = time.perf_counter()
+mask = build_mask(name, seqlen, seed=0)
+t1 = time.perf_counter()
+bm = to_block_mask(mask, block)
+t2 = time.perf_counter()
+_, peak = tracemalloc.get_traced_memory()
+rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+partial = int(bm.kv_num_blocks.sum()); full = int(bm.full_kv_num_blocks.sum())
+print(json.dumps(dict(mask=name, slices=len(mask.slices), build_s=t1 - t0, blockmask_s=t2 - t1,
+                      traced_peak_mb=peak / 2**20, rss_peak_mb=rss_kb / 1024, partial_blocks=partial,
+                      full_blocks=full, density=mask.density)))
+"""
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seqlen", type=int, default=524288)
+    ap.add_argument("--block", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--masks", nargs="*", default=None, help="default: every static mask")
+    ap.add_argument("--out", default=None, help="also write the markdown table here")
+    args = ap.parse_args()
+    from longca.masks.registry import STATIC
+
+    names = args.masks or list(STATIC)
+    rows = []
+    for name in names:
+        res = subprocess.run([sys.executable, "-c", CHILD, name, str(args.seqlen), str(args.block), str(args.threads)],
+                             capture_output=True, text=True)
+        if res.returncode:
+            print(f"{name}: failed\n{res.stderr}", file=sys.stderr)
+            rows.append(dict(mask=name, error=res.stderr.strip().splitlines()[-1]))
+            continue
+        rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
+        print(json.dumps(rows[-1]), file=sys.stderr)
+    lines = [f"S = {args.seqlen}, block {args.block}, torch threads {args.threads}", "",
+             "| mask | slices | mask build s | BlockMask build s | traced peak MB | RSS peak MB | partial blocks | full blocks | density |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['mask']} | error: {r['error']} |||||||| ")
+            continue
+        lines.append(f"| {r['mask']} | {r['slices']} | {r['build_s']:.3f} | {r['blockmask_s']:.3f} | "
+                     f"{r['traced_peak_mb']:.0f} | {r['rss_peak_mb']:.0f} | {r['partial_blocks']} | "
+                     f"{r['full_blocks']} | {r['density']:.4f} |")
+    table = "\n".join(lines)
+    print(table)
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write(table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
