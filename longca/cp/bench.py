@@ -287,7 +287,8 @@ def measure(cell: dict, rank: int, world: int, device: torch.device, kernel, row
         rank_peak_mem_bytes=[r["peak"] for r in per_rank] if device.type == "cuda" else None,
         peak_mem_bytes=max(r["peak"] for r in per_rank) if device.type == "cuda" else None,
         comm_exposed_ms=med - _median(free_ms),
-        compile_s=compile_s + plan_s,  # plan (sub-masks, block masks) + first call flops=flops, flop_model="softmax_exact_area",
+        compile_s=compile_s + plan_s,  # plan (sub-masks, block masks) + first call
+        flops=flops, flop_model="softmax_exact_area",
         tflops=flops / (med * 1e-3 * world) / 1e12, tokens_per_s=b * s / (med * 1e-3),
     )
 

@@ -127,3 +127,32 @@ def test_every_mechanism_and_mask_matches_reference(world: int, doc_file: str, t
     assert len(results) == n_cases
     for r in results:
         assert sum(r["rank_areas"]) == r["area"]  # per-rank areas (one batch element) add up
+
+
+def test_degrees_are_resolved_or_rejected_with_the_allowed_values():
+    from longca.cp.mechanisms import resolve_degrees
+
+    assert resolve_degrees("ulysses", 4, None) == (4, 1, 1)
+    assert resolve_degrees("ring_p2p", 4, {"ring": 4}) == (1, 4, 1)
+    assert resolve_degrees("usp", 8, {"ulysses": 2, "ring": 4}) == (2, 4, 1)
+    assert resolve_degrees("loongtrain", 8, {"ulysses": 2, "ring": 4, "windows": 2}) == (2, 4, 2)
+    with pytest.raises(ValueError, match="ulysses=3 x ring=1 must multiply to world_size=4"):
+        resolve_degrees("usp", 4, {"ulysses": 3, "ring": 1})
+    with pytest.raises(ValueError, match=r"windows=3 must divide the ring degree 4; allowed: \[1, 2, 4\]"):
+        resolve_degrees("loongtrain", 4, {"ring": 4, "windows": 3})
+    with pytest.raises(ValueError, match="degrees.ring=2 does not fit mechanism 'ring_p2p'"):
+        resolve_degrees("ring_p2p", 4, {"ring": 2})
+    with pytest.raises(ValueError, match="unknown mechanism 'tree'; allowed"):
+        resolve_degrees("tree", 4, None)
+
+
+def test_kv_heads_are_replicated_only_when_fewer_than_the_degree():
+    from longca.cp.ulysses import kv_replication
+
+    assert kv_replication(64, 8, 2) == 1
+    assert kv_replication(64, 8, 16) == 2
+    assert kv_replication(8, 1, 8) == 8
+    with pytest.raises(Unsupported, match="heads_kv=6 is not divisible by the Ulysses degree 4"):
+        kv_replication(24, 6, 4)
+    with pytest.raises(Unsupported, match="heads_kv=3 < Ulysses degree 4"):
+        kv_replication(12, 3, 4)
