@@ -16,7 +16,7 @@ from longca.masks.regular import INF, doc_bounds
 
 def _causal(q0: int, q1: int, k0: int, k1: int) -> np.ndarray:
     """Bottom-right aligned causal over a rectangle: the last query sees every key."""
-    return sl.band_slices(q0, q1, k0, k1, -INF, (k1 - k0) - (q1 - q0))
+    return sl.band_slices(q0, q1, k0, k1, -INF, k1 - q1)  # k - q <= k1 - q1
 
 
 def share_question(documents: Sequence[int]) -> np.ndarray:
