@@ -11,7 +11,7 @@ gradient is exactly its additive share (P = exp(S scale - lse) is the global sof
 to this step's keys; D = rowsum(dO * O) is global), as in ring-flash-attention.
 
 Kernels: naive (dense mask, explicit formulas, any device and dtype, small S), flex
-(FlexAttention BlockMask; backward through autograd with the LSE identity), sdpa_flash and
+(BlockMask from longca.masks.flex; backward through autograd with the LSE identity), sdpa_flash and
 sdpa_cudnn (CUDA; the sub-mask is cut into FULL and square CAUSAL rectangles, one call each).
 """
 
@@ -114,44 +114,6 @@ class Naive:
 
 
 # ----------------------------------------------------------------------------------------- flex
-def row_intervals(slices: np.ndarray, seqlen_q: int) -> tuple[np.ndarray, np.ndarray]:
-    """(lo, hi) arrays of shape (seqlen_q, J): each query row's allowed keys are the union of
-    [lo[q, j], hi[q, j]) over j (J = most slices covering one row; unused columns are empty)."""
-    s = np.asarray(slices).reshape(-1, 5)
-    cover = np.zeros(seqlen_q + 1, dtype=np.int64)
-    for row in s:
-        cover[row[0]] += 1
-        cover[row[1]] -= 1
-    width = max(1, int(np.cumsum(cover).max(initial=0)))
-    lo = np.zeros((seqlen_q, width), dtype=np.int64)
-    hi = np.zeros((seqlen_q, width), dtype=np.int64)
-    used = np.zeros(seqlen_q, dtype=np.int64)
-    for row in s:
-        q = np.arange(row[0], row[1])
-        a, b = sl.row_bounds(row, q)
-        col = used[row[0]:row[1]]
-        lo[q, col] = a
-        hi[q, col] = b
-        used[row[0]:row[1]] += 1
-    return lo, hi
-
-
-def mask_mod_from_slices(slices: np.ndarray, seqlen_q: int, device: torch.device) -> Callable:
-    """A FlexAttention mask_mod allowing exactly the slices' pairs (per-row interval lookup)."""
-    lo_np, hi_np = row_intervals(slices, seqlen_q)
-    lo = torch.from_numpy(lo_np).to(device=device, dtype=torch.int32)
-    hi = torch.from_numpy(hi_np).to(device=device, dtype=torch.int32)
-    width = lo.shape[1]
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        ok = (kv_idx >= lo[q_idx, 0]) & (kv_idx < hi[q_idx, 0])
-        for j in range(1, width):
-            ok = ok | ((kv_idx >= lo[q_idx, j]) & (kv_idx < hi[q_idx, j]))
-        return ok
-
-    return mask_mod
-
-
 def bwd_by_autograd(fwd: Callable, dout, q, k, v, out, lse):
     """Gradients of one step's share of the combined output, given a differentiable local forward
     fwd(q, k, v) -> (out_i, lse_i). With w_i = exp(lse_i - L) the combined O = sum_i w_i out_i, so
@@ -169,7 +131,8 @@ def bwd_by_autograd(fwd: Callable, dout, q, k, v, out, lse):
 
 
 class Flex:
-    """FlexAttention with a BlockMask built from the sub-mask's slices (compiled on CUDA)."""
+    """FlexAttention with a BlockMask built from the sub-mask's slices (compiled on CUDA).
+    Rows of a step with no key get lse = -inf and zero output from FlexAttention itself."""
 
     name = "flex"
     caps = LocalCaps(frozenset({"cpu", "cuda"}), frozenset({"float64", "float32", "bfloat16", "float16"}),
@@ -186,19 +149,14 @@ class Flex:
         return self._fn
 
     def prepare(self, slices, seqlen_q, seqlen_k, device):
-        from torch.nn.attention.flex_attention import create_block_mask
+        # The masks package builds the BlockMask block by block from the slices (never S x S).
+        from longca.masks.flex import to_block_mask
+        from longca.masks.mask import Mask
 
         area = sl.area(slices)
         bm = None
         if area:
-            try:  # the masks package's direct slices -> BlockMask builder, when present
-                from longca.masks.flex import to_block_mask  # type: ignore
-
-                bm = to_block_mask(slices, seqlen_q, seqlen_k, device=device)
-            except (ImportError, AttributeError, TypeError):
-                mm = mask_mod_from_slices(slices, seqlen_q, device)
-                bm = create_block_mask(mm, None, None, seqlen_q, seqlen_k, device=device,
-                                       _compile=device.type == "cuda")
+            bm = to_block_mask(Mask("cp_step", seqlen_q, seqlen_k, slices), device=device)
         return SubMask(slices, seqlen_q, seqlen_k, area, bm)
 
     def _call(self, q, k, v, sub):
@@ -313,7 +271,8 @@ class Sdpa:
             ls = lse[:, :, q0:q1].float().contiguous()
             if len(lse_shape) == 4:
                 ls = ls.unsqueeze(-1)
-            args = (do_in[:, :, q0:q1], q[:, :, q0:q1], kk, vv, o_in[:, :, q0:q1], ls)
+            # cuDNN wants dO laid out like O; contiguous pieces satisfy both ops.
+            args = tuple(x.contiguous() for x in (do_in[:, :, q0:q1], q[:, :, q0:q1], kk, vv, o_in[:, :, q0:q1])) + (ls,)
             if self.backend == "flash":
                 gq, gk, gv = torch.ops.aten._scaled_dot_product_flash_attention_backward(
                     *args, tmpl[2], tmpl[3], q1 - q0, k1 - k0, 0.0, causal, tmpl[6], tmpl[7], scale=scale)

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from longca.cp.local import Flex, Naive, Unsupported, bwd_by_autograd, check_local, get_local, rectangles, row_intervals
+from longca.cp.local import Flex, Naive, Unsupported, bwd_by_autograd, check_local, get_local, rectangles
 from longca.cp.reference import reference_attention, rel_err
 from longca.masks import slices as sl
 from longca.masks.registry import build_mask
@@ -75,14 +75,6 @@ def test_flex_forward_matches_reference_on_cpu_and_declares_no_cpu_backward():
     assert rel_err(out, reference_attention(q, k, v, slices)[0]) < 1e-12
     with pytest.raises(Unsupported, match="CUDA"):
         fx.bwd(do, q, k, v, out, lse, sub)
-
-
-def test_row_intervals_reproduce_the_dense_mask():
-    slices = build_mask("global_sliding_window", 40, {"global_tokens": 3, "window": 4}).slices
-    lo, hi = row_intervals(slices, 40)
-    kk = np.arange(40)
-    dense = ((kk[None, None] >= lo[..., None]) & (kk[None, None] < hi[..., None])).any(1)
-    assert (dense == sl.to_dense(slices, 40, 40)).all()
 
 
 def test_rectangles_cut_causal_into_square_pieces_and_reject_bands():

@@ -90,6 +90,29 @@ def _worker(rank: int, world: int, port: int, doc_file: str, result_file: str) -
                 except Exception:  # recorded, asserted in the parent
                     case["failure"] = traceback.format_exc()
                 results.append(case)
+    # FlexAttention local kernel, forward only (it has no CPU backward), at world size 2.
+    if world == 2:
+        flex = get_local("flex")
+        for mask_name in STATIC:
+            mask = build_mask(mask_name, SEQLEN, small_params(mask_name, doc_file), seed=3)
+            g = torch.Generator().manual_seed(12)
+            q = torch.randn(BATCH, HQ, SEQLEN, HEAD_DIM, generator=g, dtype=torch.float64)
+            k, v = (torch.randn(BATCH, HKV, SEQLEN, HEAD_DIM, generator=g, dtype=torch.float64) for _ in range(2))
+            ref = reference_attention(q, k, v, mask.slices)[0]
+            sharding = make_sharding("zigzag", SEQLEN, world, mask.slices)
+            pos = torch.from_numpy(sharding.positions(rank))
+            for mech in ("ring_p2p", "ulysses"):
+                case = {"mask": mask_name, "balance": "zigzag", "mechanism": mech, "degrees": None, "kernel": "flex"}
+                try:
+                    plan = build_plan(mech, None, mask.slices, sharding, rank, HQ, HKV, flex, dev)
+                    with torch.no_grad():
+                        out = cp_attention(q[:, :, pos], k[:, :, pos], v[:, :, pos], plan)
+                    t = torch.tensor([rel_err(out, ref[:, :, pos])], dtype=torch.float64)
+                    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+                    case.update(errors=t.tolist(), rank_areas=plan.rank_areas, area=mask.area)
+                except Exception:
+                    case["failure"] = traceback.format_exc()
+                results.append(case)
     # The heads-do-not-divide error names heads and degree, identically on every rank.
     try:
         build_plan("ulysses", None, mask.slices, make_sharding("zigzag", SEQLEN, world), rank, 3 * world // 2, 1, kernel, dev)
@@ -123,7 +146,7 @@ def test_every_mechanism_and_mask_matches_reference(world: int, doc_file: str, t
     summary = [(r["mask"], r["balance"], r["mechanism"], r["degrees"], r.get("errors") or r["failure"][-300:])
                for r in failures]
     assert not failures, f"{len(failures)} failing cases, first: {summary[:6]}"
-    n_cases = len(STATIC) * (len(BALANCES) if world == 2 else 1) * len(CASES[world])
+    n_cases = len(STATIC) * ((len(BALANCES) * len(CASES[2]) + 2) if world == 2 else len(CASES[4]))
     assert len(results) == n_cases
     for r in results:
         assert sum(r["rank_areas"]) == r["area"]  # per-rank areas (one batch element) add up
