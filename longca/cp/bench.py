@@ -387,13 +387,25 @@ def write_row(row: dict, out_dir: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m longca.cp.bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cells-json", required=True, help="JSON list of CP cells")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--cells-json", help="JSON list of CP cells")
+    src.add_argument("--preset", help="a named list of cells from longca.cp.presets")
+    ap.add_argument("--only", default=None, help="run only cells whose cell_id contains this text")
     ap.add_argument("--out-dir", required=True, help="one <cell_id>.json per cell is written here")
     args = ap.parse_args(argv)
-    with open(args.cells_json) as f:
-        cells = json.load(f)
+    if args.preset:
+        from longca.cp.presets import PRESETS
+
+        if args.preset not in PRESETS:
+            raise SystemExit(f"unknown preset {args.preset!r}; allowed: {sorted(PRESETS)}")
+        cells = PRESETS[args.preset]()
+    else:
+        with open(args.cells_json) as f:
+            cells = json.load(f)
     if isinstance(cells, dict):
         cells = [cells]
+    if args.only:
+        cells = [c for c in cells if args.only in c["cell_id"]]
     devices = {c.get("device", "cpu") for c in cells}
     backends = {c.get("backend") for c in cells} - {None}
     if len(devices) > 1 or len(backends) > 1:
