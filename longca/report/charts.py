@@ -18,6 +18,7 @@ from longca.report import queries
 
 W, H = 260, 180
 DATASET = "rows"
+TOOLTIP_ALL = {"content": "data"}
 PEER_COLOR = "#555555"
 STATUS_COLORS = {
     "supported": "#2e7d32", "OOM at some sizes": "#9ccc65", "partly unsupported": "#fbc02d",
@@ -68,24 +69,12 @@ def records(df: pl.DataFrame) -> list[dict[str, Any]]:
     keep = [c for c in df.columns if (c in _DRAWN or c in TOOLTIP) and df.schema[c] != pl.Null]
     out = df.select(keep).to_dicts()
     for r in out:
-        for k, v in r.items():
-            if isinstance(v, float) and not math.isfinite(v):
-                r[k] = None
+        for k, v in list(r.items()):
+            if v is None:
+                del r[k]  # absent, not null: the tooltip lists only what the cell has
+            elif isinstance(v, float):
+                r[k] = float(f"{v:.5g}") if math.isfinite(v) else None
     return out
-
-
-def _tooltip(df: pl.DataFrame, extra: Sequence[str] = ()) -> list[dict[str, str]]:
-    cols = [c for c in (*extra, *TOOLTIP) if c in df.columns and df.get_column(c).null_count() < df.height]
-    tips: list[dict[str, str]] = []  # plain dicts: Altair deep-copies schema objects on every chart method
-    for c in dict.fromkeys(cols):
-        dtype = df.schema[c]
-        if dtype.is_float():
-            tips.append({"field": c, "type": "quantitative", "format": ".4~g"})
-        elif dtype.is_integer():
-            tips.append({"field": c, "type": "quantitative", "format": "d"})
-        else:
-            tips.append({"field": c, "type": "nominal"})
-    return tips
 
 
 def _series(df: pl.DataFrame, base: str, within: Sequence[str]) -> pl.DataFrame:
@@ -122,22 +111,23 @@ def _layered_facet(layers: Sequence[tuple[str, pl.DataFrame, Callable[[alt.Chart
     if row:
         facet["row"] = alt.Row(f"{row}:N", title=None, header=alt.Header(labelAngle=0, labelAlign="left"))
     if column:
-        facet["column"] = alt.Column(f"{column}:N", title=None)
+        order = ["fwd", "bwd", "fwd_bwd"] if column == "pass" else "ascending"  # forward first, as papers do
+        facet["column"] = alt.Column(f"{column}:N", title=None, sort=order)
     return (layered.facet(**facet).resolve_scale(y="independent") if facet else layered), values
 
 
-def _lines(df: pl.DataFrame, x: alt.X, y: alt.Y, color: str = "series", dash: str | None = None,
-           extra_tips: Sequence[str] = ()) -> Callable[[alt.Chart], alt.Chart]:
+def _lines(x: alt.X, y: alt.Y, color: str = "series", dash: str | None = None) -> Callable[[alt.Chart], alt.Chart]:
     """Measured lines with points, a legend that selects series, and full-parameter tooltips."""
     def make(base: alt.Chart) -> alt.Chart:
         pick = alt.selection_point(fields=[color], bind="legend", name="pick")
         enc: dict[str, Any] = dict(x=x, y=y, color=alt.Color(f"{color}:N", title=None),
-                                   opacity=alt.when(pick).then(alt.value(1.0)).otherwise(alt.value(0.12)),
-                                   tooltip=_tooltip(df, extra_tips))
+                                   opacity=alt.when(pick).then(alt.value(1.0)).otherwise(alt.value(0.12)))
         if dash:
             enc["strokeDash"] = alt.StrokeDash(f"{dash}:N")
             enc["detail"] = alt.Detail(f"{dash}:N")
-        return base.mark_line(point=True).encode(**enc).add_params(pick)
+        # the tooltip shows every field of the point: records() already chose the cell's parameters.
+        # (Per-field tooltip encodings cost Altair ~1 s of schema matching per chart.)
+        return base.mark_line(point=True, tooltip=TOOLTIP_ALL).encode(**enc).add_params(pick)
     return make
 
 
@@ -145,18 +135,17 @@ def _peer_layers(peers: pl.DataFrame, x_title: str) -> list[tuple[str, pl.DataFr
     """Published figures: a box (or bar) for ranges, a diamond for single figures, each with its label."""
     if peers.is_empty():
         return []
-    tips = [alt.Tooltip(f"{c}:N") for c in ("label", "source", "gpu", "peer_shape", "dtype", "pass",
-                                             "figure", "flop_convention", "note")]
     is_point = peers.filter((pl.col("x_lo") == pl.col("x_hi")) & (pl.col("y_lo") == pl.col("y_hi")))
     ranges = peers.filter(~((pl.col("x_lo") == pl.col("x_hi")) & (pl.col("y_lo") == pl.col("y_hi"))))
 
     def box(base: alt.Chart) -> alt.Chart:
-        return base.mark_rect(color=PEER_COLOR, opacity=0.15, stroke=PEER_COLOR, strokeWidth=2).encode(
-            x=alt.X("x_lo:Q", title=x_title), x2="x_hi:Q", y="y_lo:Q", y2="y_hi:Q", tooltip=tips)
+        return base.mark_rect(color=PEER_COLOR, opacity=0.15, stroke=PEER_COLOR, strokeWidth=2,
+                              tooltip=TOOLTIP_ALL).encode(
+            x=alt.X("x_lo:Q", title=x_title), x2="x_hi:Q", y="y_lo:Q", y2="y_hi:Q")
 
     def point(base: alt.Chart) -> alt.Chart:
-        return base.mark_point(shape="diamond", filled=True, color=PEER_COLOR, size=70).encode(
-            x=alt.X("x_lo:Q", title=x_title), y="y_lo:Q", tooltip=tips)
+        return base.mark_point(shape="diamond", filled=True, color=PEER_COLOR, size=70, tooltip=TOOLTIP_ALL).encode(
+            x=alt.X("x_lo:Q", title=x_title), y="y_lo:Q")
 
     def text(base: alt.Chart) -> alt.Chart:
         return base.mark_text(align="left", dx=5, dy=-4, fontSize=9, color=PEER_COLOR).encode(
@@ -175,7 +164,7 @@ def mask_metric(mask: str, cells: pl.DataFrame, metric: str, peers: pl.DataFrame
     df = _series(df, "kernel", ["pass", "attn"]).sort("series", "seqlen_q")
     title = "TFLOP/s (exact mask area)" if metric == "tflops" else "peak memory (GiB)"
     y = alt.Y(f"{metric}:Q", title=title)
-    layers = [("measured", df, _lines(df, _length_x(), y))]
+    layers = [("measured", df, _lines(_length_x(), y))]
     if metric == "tflops" and not peers.is_empty():
         shown = df.select("mask", "pass", "attn").unique()
         layers += _peer_layers(peers.join(shown, on=["mask", "pass", "attn"], how="semi"), "sequence length (tokens)")
@@ -197,10 +186,10 @@ def best_heatmap(best: pl.DataFrame) -> ChartSpec | None:
         x=alt.X("seqlen_q:O", title="sequence length (tokens)", sort="ascending", axis=alt.Axis(labelExpr=LEN_LABEL)),
         y=alt.Y("mask:N", title=None),
     )
-    rect = chart.mark_rect().encode(color=alt.Color("kernel:N", title="best kernel"), tooltip=_tooltip(df))
+    rect = chart.mark_rect(tooltip=TOOLTIP_ALL).encode(color=alt.Color("kernel:N", title="best kernel"))
     text = chart.mark_text(fontSize=9).encode(text=alt.Text("tflops:Q", format=".3~g"))
     facet = alt.layer(rect, text).properties(width=W).facet(
-        column=alt.Column("pass:N", title=None),
+        column=alt.Column("pass:N", title=None, sort=["fwd", "bwd", "fwd_bwd"]),
         row=alt.Row("panel:N", title=None, header=alt.Header(labelAngle=0, labelAlign="left")))
     return ChartSpec(id="overview-best", title="Best kernel per mask and length", chart=facet, data=df,
                      values=records(df),
@@ -213,8 +202,7 @@ def fraction_chart(frac: pl.DataFrame) -> ChartSpec | None:
         return None
     df = _panel(frac).sort("mask", "seqlen_q")
     y = alt.Y("fraction:Q", title="best TFLOP/s ÷ best full-mask TFLOP/s", axis=alt.Axis(format="%"))
-    layers = [("measured", df, _lines(df, _length_x(), y, color="mask", extra_tips=("fraction", "full_kernel",
-                                                                                      "full_tflops")))]
+    layers = [("measured", df, _lines(_length_x(), y, color="mask"))]
     chart, values = _layered_facet(layers, row="panel", column="pass")
     return ChartSpec(id="overview-fraction", title="Mask efficiency: fraction of the best full-mask throughput",
                      chart=chart, values=values, data=df, machines=queries.machines(df),
@@ -228,12 +216,9 @@ def support_chart(matrix: pl.DataFrame) -> ChartSpec | None:
         return None
     base = alt.Chart(alt.NamedData(name=DATASET)).encode(
         x=alt.X("mask:N", title=None, axis=alt.Axis(labelAngle=-40)), y=alt.Y("kernel:N", title=None))
-    tips = [alt.Tooltip(f"{c}:N") for c in ("kernel", "mask", "category")] + [
-        alt.Tooltip(f"{c}:Q", format="d") for c in ("n", "ok", "unsupported", "oom", "failed")]
-    rect = base.mark_rect(stroke="white").encode(
+    rect = base.mark_rect(stroke="white", tooltip=TOOLTIP_ALL).encode(
         color=alt.Color("category:N", title="measured status",
-                        scale=alt.Scale(domain=list(STATUS_COLORS), range=list(STATUS_COLORS.values()))),
-        tooltip=tips)
+                        scale=alt.Scale(domain=list(STATUS_COLORS), range=list(STATUS_COLORS.values()))))
     text = base.mark_text(fontSize=9, color="black").encode(text="label:N")
     chart = alt.layer(rect, text).properties(width=alt.Step(64), height=alt.Step(24))
     return ChartSpec(id="overview-support", title="Kernel × mask support, measured", chart=chart,
@@ -256,7 +241,7 @@ def sparse_chart(cells: pl.DataFrame, peers: pl.DataFrame, x: str) -> ChartSpec 
     df = _series(df, "kernel_label", ["pass", panel]).sort("series", x)
     xe = (alt.X("density:Q", title="density (fraction of blocks kept)") if x == "density" else
           alt.X("block_size:Q", title="block size", scale=alt.Scale(type="log", base=2)))
-    layers = [("measured", df, _lines(df, xe, alt.Y("tflops:Q", title="TFLOP/s (exact kept area)"), dash="seqlen_q"))]
+    layers = [("measured", df, _lines(xe, alt.Y("tflops:Q", title="TFLOP/s (exact kept area)"), dash="seqlen_q"))]
     if not peers.is_empty():
         p = peers.with_columns(block_label=pl.format("block {}", pl.col("block_size")))
         if x == "density":
@@ -294,7 +279,7 @@ def cp_chart(cells: pl.DataFrame, peers: pl.DataFrame, kind: str) -> ChartSpec |
     ws_x = alt.X("world_size:Q", title="GPUs (world size)", scale=alt.Scale(type="log", base=2))
     layers: list[tuple[str, pl.DataFrame, Callable[[alt.Chart], alt.Chart]]]
     if kind == "world":
-        layers = [("measured", df, _lines(df, ws_x, alt.Y("tflops:Q", title="TFLOP/s per GPU"), dash="seqlen_q"))]
+        layers = [("measured", df, _lines(ws_x, alt.Y("tflops:Q", title="TFLOP/s per GPU"), dash="seqlen_q"))]
         if not peers.is_empty():
             p = peers.filter(pl.col("ws_lo").is_not_null()).with_columns(
                 x_lo=pl.col("ws_lo").cast(pl.Float64), x_hi=pl.col("ws_hi").cast(pl.Float64))
@@ -302,12 +287,12 @@ def cp_chart(cells: pl.DataFrame, peers: pl.DataFrame, kind: str) -> ChartSpec |
                                    "GPUs (world size)")
         title, caption = "Per-GPU throughput against world size", "Dashed lines distinguish global sequence lengths."
     elif kind == "length":
-        layers = [("measured", df, _lines(df, _length_x(title="global sequence length (tokens)"),
+        layers = [("measured", df, _lines(_length_x(title="global sequence length (tokens)"),
                                           alt.Y("tflops:Q", title="TFLOP/s per GPU"), dash="world_size"))]
         title, caption = "Per-GPU throughput against length", "Dashed lines distinguish world sizes."
     elif kind == "comm":
         y = alt.Y("comm_share:Q", title="exposed communication / iteration time", axis=alt.Axis(format="%"))
-        layers = [("measured", df, _lines(df, ws_x, y, dash="seqlen_q"))]
+        layers = [("measured", df, _lines(ws_x, y, dash="seqlen_q"))]
         title, caption = "Exposed-communication share", "Communication time not hidden behind compute, as a share of the iteration."
     else:
         long = df.unpivot(on=["imbalance_time", "imbalance_area"], index=[c for c in df.columns
@@ -315,7 +300,7 @@ def cp_chart(cells: pl.DataFrame, peers: pl.DataFrame, kind: str) -> ChartSpec |
                           value_name="imbalance").filter(pl.col("imbalance").is_not_null())
         long = long.with_columns(pl.col("imbalance_of").str.replace("imbalance_", ""))
         y = alt.Y("imbalance:Q", title="max rank / mean rank", scale=alt.Scale(zero=False))
-        layers = [("measured", long, _lines(long, ws_x, y, dash="imbalance_of", extra_tips=("imbalance_of", "imbalance")))]
+        layers = [("measured", long, _lines(ws_x, y, dash="imbalance_of"))]
         title, caption = "Per-rank imbalance", "Solid/dashed: time and attended area of the slowest / largest rank over the mean rank."
     chart, values = _layered_facet(layers, row="mask", column="pass")
     return ChartSpec(id=f"cp-{kind}", title=title, chart=chart, values=values, data=df,
@@ -326,13 +311,13 @@ def linear_chart(series: pl.DataFrame, crossovers: pl.DataFrame) -> ChartSpec | 
     if series.is_empty():
         return None
     y = alt.Y("tokens_per_s:Q", title="tokens/s", scale=alt.Scale(type="log"))
-    layers = [("measured", series, _lines(series, _length_x(), y))]
+    layers = [("measured", series, _lines(_length_x(), y))]
     marks = crossovers.filter(pl.col("crossover").is_not_null()).with_columns(
         label=pl.format("{} overtakes at {}", pl.col("kernel"), pl.col("crossover")))
     if marks.height:
         def rule(base: alt.Chart) -> alt.Chart:
-            return base.mark_rule(strokeDash=[4, 3], color="black").encode(
-                x=alt.X("crossover:Q", title="sequence length (tokens)"), tooltip=["label:N", "below:Q", "crossover:Q"])
+            return base.mark_rule(strokeDash=[4, 3], color="black", tooltip=TOOLTIP_ALL).encode(
+                x=alt.X("crossover:Q", title="sequence length (tokens)"))
 
         def text(base: alt.Chart) -> alt.Chart:
             return base.mark_text(align="left", dx=4, y=8, fontSize=9).encode(

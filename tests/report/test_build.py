@@ -64,3 +64,16 @@ def test_gallery_page_says_what_it_has(site: Path) -> None:
 def test_command_reports_a_missing_input(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     assert main(["report", "--data", str(tmp_path / "none.parquet"), "--out", str(tmp_path / "r")]) == 2
     assert "no such result file" in capsys.readouterr().err
+
+
+def test_gpu_peer_figures_are_not_drawn_over_cpu_rows() -> None:
+    from report_rows import synthetic_table
+
+    from longca.report import build, peers, queries
+
+    rows = pl.from_arrow(synthetic_table()).with_columns(device=pl.lit("cpu"))
+    pages = {p.file: p for p in build._mask_pages(queries.cells(rows), peers.for_masks(peers.load()))}
+    full = pages["mask-full.html"]
+    assert any(k == "p" and "not drawn over rows measured without a GPU" in b[0] for k, b in full.blocks)
+    spec = full.charts()[0].spec()
+    assert {v["_layer"] for v in spec["datasets"]["rows"]} == {"measured"}
