@@ -18,7 +18,7 @@ sdpa_cudnn (CUDA; the sub-mask is cut into FULL and square CAUSAL rectangles, on
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np

@@ -18,15 +18,15 @@ autograd through collectives.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from longca.cp import allgather, ring, ulysses
 from longca.cp.comm import Comm
-from longca.cp.local import SubMask, Unsupported
+from longca.cp.local import SubMask
 from longca.cp.sharding import Sharding
 from longca.cp.submask import layouts_of_groups, sub_mask
 from longca.cp.topology import Topology

@@ -1,4 +1,3 @@
-import numpy as np
 import pytest
 
 from longca.cp import sharding as sh
