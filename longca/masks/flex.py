@@ -50,6 +50,44 @@ def _expand_ranges(start: np.ndarray, stop: np.ndarray) -> tuple[np.ndarray, np.
     return ridx, start[ridx] + (np.arange(len(ridx)) - offsets)
 
 
+def _block_pieces(s: np.ndarray, seqlen_q: int, seqlen_k: int, bq: int, bk: int):
+    """Blocks fully inside one slice, as per-block-row intervals (row, first, stop), and the
+    exact pair counts of every other touched block (linear index i * nk + j, count)."""
+    nk = -(-seqlen_k // bk)
+    sidx, qb = _pairs_per_block_row(s, bq)
+    rows = s[sidx]
+    ra = np.maximum(rows[:, 0], qb * bq)  # first row of the slice inside this block row
+    rb = np.minimum(rows[:, 1], (qb + 1) * bq)  # one past the last
+    lo_first, hi_first = sl.key_bounds(rows, ra)
+    lo_last, hi_last = sl.key_bounds(rows, rb - 1)
+    # Key blocks touched by any row of the pair (bounds are monotone in q, so first/last suffice).
+    t_lo = lo_first // bk
+    t_hi = np.where(hi_last > lo_first, -(-hi_last // bk), t_lo)
+    # Key blocks every row of the whole block row attends: full by this slice alone.
+    whole_rows = (ra == qb * bq) & (rb == np.minimum((qb + 1) * bq, seqlen_q))
+    f_lo = -(-lo_last // bk)
+    f_hi = np.where(hi_first >= seqlen_k, nk, hi_first // bk)
+    interior = whole_rows & (f_hi > f_lo) & (hi_first > lo_last)
+    f_lo = np.where(interior, np.clip(f_lo, t_lo, t_hi), t_lo)
+    f_hi = np.where(interior, np.clip(f_hi, t_lo, t_hi), t_lo)
+    # Boundary candidates: touched but not interior; their exact counts decide.
+    p1, j1 = _expand_ranges(t_lo, f_lo)
+    p2, j2 = _expand_ranges(f_hi, t_hi)
+    pair = np.concatenate([p1, p2])
+    j = np.concatenate([j1, j2])
+    i = qb[pair]
+    counts = sl.area_in_rect(rows[pair], i * bq, (i + 1) * bq, j * bk, (j + 1) * bk)
+    lin, inv = np.unique(i * nk + j, return_inverse=True)
+    total = np.bincount(inv.ravel(), weights=counts, minlength=len(lin)).astype(np.int64)
+    return (qb[interior], f_lo[interior], f_hi[interior]), (lin, total)
+
+
+def _block_areas(lin: np.ndarray, seqlen_q: int, seqlen_k: int, bq: int, bk: int) -> np.ndarray:
+    nk = -(-seqlen_k // bk)
+    bi, bj = lin // nk, lin % nk
+    return (np.minimum((bi + 1) * bq, seqlen_q) - bi * bq) * (np.minimum((bj + 1) * bk, seqlen_k) - bj * bk)
+
+
 def block_states(slices: np.ndarray, seqlen_q: int, seqlen_k: int, block_q: int = 128,
                  block_k: int = 128) -> np.ndarray:
     """int8 (n_q_blocks, n_k_blocks): EMPTY, PARTIAL or FULL, exact (ragged last blocks included)."""
@@ -58,52 +96,42 @@ def block_states(slices: np.ndarray, seqlen_q: int, seqlen_k: int, block_q: int 
     states = np.zeros((nq, nk), dtype=np.int8)
     if not len(s):
         return states
-    sidx, qb = _pairs_per_block_row(s, block_q)
-    rows = s[sidx]
-    ra = np.maximum(rows[:, 0], qb * block_q)  # first row of the slice inside this block row
-    rb = np.minimum(rows[:, 1], (qb + 1) * block_q)  # one past the last
-    lo_first, hi_first = sl.key_bounds(rows, ra)
-    lo_last, hi_last = sl.key_bounds(rows, rb - 1)
-    # Key blocks touched by any row of the pair (bounds are monotone in q, so first/last suffice).
-    t_lo = lo_first // block_k
-    t_hi = np.where(hi_last > lo_first, -(-hi_last // block_k), t_lo)
-    # Key blocks every row of the whole block row attends: full by this slice alone.
-    whole_rows = (ra == qb * block_q) & (rb == np.minimum((qb + 1) * block_q, seqlen_q))
-    f_lo = -(-lo_last // block_k)
-    f_hi = np.where(hi_first >= seqlen_k, nk, hi_first // block_k)
-    interior = whole_rows & (f_hi > f_lo) & (hi_first > lo_last)
-    f_lo = np.where(interior, np.clip(f_lo, t_lo, t_hi), t_lo)
-    f_hi = np.where(interior, np.clip(f_hi, t_lo, t_hi), t_lo)
-    if interior.any():
-        diff = np.zeros((nq, nk + 1), dtype=np.int8)
-        np.add.at(diff, (qb[interior], f_lo[interior]), 1)
-        np.add.at(diff, (qb[interior], f_hi[interior]), -1)
+    (i, f_lo, f_hi), (lin, total) = _block_pieces(s, seqlen_q, seqlen_k, block_q, block_k)
+    if len(i):
+        diff = np.zeros((nq, nk + 1), dtype=np.int8)  # interval starts +1, stops -1, then cumsum
+        np.add.at(diff, (i, f_lo), 1)
+        np.add.at(diff, (i, f_hi), -1)
         states[np.cumsum(diff, axis=1, dtype=np.int8)[:, :nk] > 0] = FULL
         del diff
-    # Boundary candidates: touched but not interior; their exact counts decide.
-    p1, j1 = _expand_ranges(t_lo, f_lo)
-    p2, j2 = _expand_ranges(f_hi, t_hi)
-    pair = np.concatenate([p1, p2])
-    j = np.concatenate([j1, j2])
-    if len(pair):
-        i = qb[pair]
-        counts = sl.area_in_rect(rows[pair], i * block_q, (i + 1) * block_q, j * block_k, (j + 1) * block_k)
-        lin, inv = np.unique(i * nk + j, return_inverse=True)
-        total = np.bincount(inv.ravel(), weights=counts).astype(np.int64)
-        bi, bj = lin // nk, lin % nk
-        area = ((np.minimum((bi + 1) * block_q, seqlen_q) - bi * block_q)
-                * (np.minimum((bj + 1) * block_k, seqlen_k) - bj * block_k))
+    if len(lin):
+        area = _block_areas(lin, seqlen_q, seqlen_k, block_q, block_k)
         st = np.where(total == area, FULL, np.where(total > 0, PARTIAL, EMPTY)).astype(np.int8)
         flat = states.reshape(-1)
-        flat[lin] = np.maximum(flat[lin], st)
+        flat[lin] = np.maximum(flat[lin], st)  # a block inside one slice is touched by no other
     return states
 
 
-def layout_block_states(layout: BlockLayout, block_q: int = 128, block_k: int = 128) -> np.ndarray:
-    """int8 (heads, n_q_blocks, n_k_blocks) states of a block-sparse layout on a (block_q, block_k) grid."""
+def block_counts(slices: np.ndarray, seqlen_q: int, seqlen_k: int, block_q: int, block_k: int) -> np.ndarray:
+    """int64 (n_q_blocks, n_k_blocks): exact attended pairs per block (for pictures and CP)."""
+    s = np.asarray(slices, dtype=np.int64).reshape(-1, 5)
+    nq, nk = -(-seqlen_q // block_q), -(-seqlen_k // block_k)
+    counts = np.zeros(nq * nk, dtype=np.int64)
+    if not len(s):
+        return counts.reshape(nq, nk)
+    (i, f_lo, f_hi), (lin, total) = _block_pieces(s, seqlen_q, seqlen_k, block_q, block_k)
+    ri, rj = _expand_ranges(f_lo, f_hi)
+    full_lin = i[ri] * nk + rj
+    counts[full_lin] = _block_areas(full_lin, seqlen_q, seqlen_k, block_q, block_k)
+    counts[lin] += total
+    return counts.reshape(nq, nk)
+
+
+def layout_block_counts(layout: BlockLayout, block_q: int = 128, block_k: int = 128) -> np.ndarray:
+    """int64 (heads, n_q_blocks, n_k_blocks): exact kept pairs of a block layout per grid block."""
     sq, sk = int(layout.q_bounds[-1]), int(layout.k_bounds[-1])
 
     def overlaps(bounds: np.ndarray, seqlen: int, block: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        # grid block i overlaps layout blocks first[i] .. last[i]; the d-th of them by ov[d][i] tokens
         starts = np.arange(0, seqlen, block, dtype=np.int64)
         ends = np.minimum(starts + block, seqlen)
         first = np.searchsorted(bounds, starts, side="right") - 1
@@ -118,18 +146,23 @@ def layout_block_states(layout: BlockLayout, block_q: int = 128, block_k: int = 
 
     qi, qo = overlaps(layout.q_bounds, sq, block_q)
     ki, ko = overlaps(layout.k_bounds, sk, block_k)
-    nq, nk = len(qi[0]), len(ki[0])
-    area = (np.minimum(np.arange(1, nq + 1) * block_q, sq) - np.arange(nq) * block_q)[:, None] * \
-           (np.minimum(np.arange(1, nk + 1) * block_k, sk) - np.arange(nk) * block_k)[None, :]
-    out = np.zeros((layout.heads, nq, nk), dtype=np.int8)
+    out = np.zeros((layout.heads, len(qi[0]), len(ki[0])), dtype=np.int64)
     for h in range(layout.heads):
         kept = layout.kept[h]
-        count = np.zeros((nq, nk), dtype=np.int64)
         for a, oa in zip(qi, qo):
             for b, ob in zip(ki, ko):
-                count += kept[a[:, None], b[None, :]] * (oa[:, None] * ob[None, :])
-        out[h] = np.where(count == area, FULL, np.where(count > 0, PARTIAL, EMPTY))
+                out[h] += kept[a[:, None], b[None, :]] * (oa[:, None] * ob[None, :])
     return out
+
+
+def layout_block_states(layout: BlockLayout, block_q: int = 128, block_k: int = 128) -> np.ndarray:
+    """int8 (heads, n_q_blocks, n_k_blocks) states of a block-sparse layout on a (block_q, block_k) grid."""
+    count = layout_block_counts(layout, block_q, block_k)
+    sq, sk = int(layout.q_bounds[-1]), int(layout.k_bounds[-1])
+    nq, nk = count.shape[1:]
+    area = (np.minimum(np.arange(1, nq + 1) * block_q, sq) - np.arange(nq) * block_q)[:, None] * \
+           (np.minimum(np.arange(1, nk + 1) * block_k, sk) - np.arange(nk) * block_k)[None, :]
+    return np.where(count == area, FULL, np.where(count > 0, PARTIAL, EMPTY)).astype(np.int8)
 
 
 def _ordered(grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -318,3 +351,11 @@ def block_mask_dense(block_mask, seqlen_q: int, seqlen_k: int, heads: int = 1) -
                 allowed &= mm
             out[h] |= allowed
     return out
+
+
+def mask_block_counts(mask: Mask, block_q: int, block_k: int) -> np.ndarray:
+    """int64 (heads, n_q_blocks, n_k_blocks): exact attended pairs per block of any mask."""
+    if mask.blocks is not None:
+        return layout_block_counts(mask.blocks, block_q, block_k)
+    return np.stack([block_counts(mask.slices_of_head(h), mask.seqlen_q, mask.seqlen_k, block_q, block_k)
+                     for h in range(mask.heads)])
