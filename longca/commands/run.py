@@ -11,6 +11,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--results", default="results", help="results folder (default: results)")
     p.add_argument("--launcher", default="auto", choices=["auto", "torchrun", "srun"],
                    help="how context-parallel cells start their processes")
+    p.add_argument("--shard", default=None, metavar="I/N",
+                   help="run only every N-th pending cell starting at I (one process per GPU on one host)")
     p.add_argument("outputs", nargs="*", help="cell output files to produce (as planned by the Snakefile)")
     p.set_defaults(func=_run)
 
@@ -23,6 +25,16 @@ def _run(args: argparse.Namespace) -> int:
     if args.outputs:
         return run_chunk(args.spec, args.outputs, args.results, args.launcher)
     _, jobs = plan_jobs(load_spec(args.spec), args.results)
+    if args.shard:
+        try:
+            i, n = (int(x) for x in args.shard.split("/"))
+            assert 0 <= i < n
+        except (ValueError, AssertionError):
+            raise ValueError(f"--shard {args.shard!r}: expected I/N with 0 <= I < N, e.g. 0/2") from None
     for job in jobs:
-        run_chunk(args.spec, job.outputs, args.results, args.launcher)
+        outputs = job.outputs
+        if args.shard:
+            outputs = [o for k, o in enumerate(outputs) if k % n == i]
+        if outputs:
+            run_chunk(args.spec, outputs, args.results, args.launcher)
     return 0

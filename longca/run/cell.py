@@ -169,8 +169,9 @@ def check_correctness(cell: Cell, device: torch.device) -> dict[str, Any]:
     prev_tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
-        ref = reference_attention(q, k, v, dense_mask_tensor(mask, device))
-        result = {"check_seqlen": check_len,
+        family_ref = prepared.extra.get("reference")  # non-softmax families bring their own reference
+        ref = family_ref(q, k, v) if family_ref else reference_attention(q, k, v, dense_mask_tensor(mask, device))
+        result = {"check_seqlen": check_len, "compile_s": prepared.compile_s,
                   "rel_err_out": relative_error(_to_bshd(out, prepared.layout, cell.batch), ref)}
         if grads:
             out.backward(kdo)
@@ -243,7 +244,7 @@ def _measure_sample(cell: Cell, device: torch.device, sample: int, check: dict[s
         "timer": timing.timer, "warmup_iters": timing.warmup_iters, "timed_iters": timing.timed_iters,
         "l2_flush": timing.l2_flush, "samples_ms": timing.samples_ms, "median_ms": timing.median_ms,
         "p20_ms": timing.p20_ms, "p80_ms": timing.p80_ms, "mask_build_s": build_s + prepared.build_s,
-        "compile_s": prepared.compile_s, "flops": flops, "flop_model": "softmax_exact_area", "tflops": tflops,
+        "compile_s": max(prepared.compile_s, (check or {}).get("compile_s", 0.0)), "flops": flops, "flop_model": "softmax_exact_area", "tflops": tflops,
         "tokens_per_s": cell.batch * cell.seqlen / (timing.median_ms * 1e-3), "peak_mem_bytes": peak,
         "backend": prepared.info.get("backend"), "clock_start_mhz": clock0.get("clock_mhz"),
         "clock_end_mhz": clock1.get("clock_mhz"), "throttle_reasons": clock1.get("throttle"),
@@ -252,9 +253,9 @@ def _measure_sample(cell: Cell, device: torch.device, sample: int, check: dict[s
     for key in ("block_size", "score_source", "variable_blocks"):
         if key in mask.params:
             row[key] = mask.params[key]
-    if prepared.info.get("flop_model"):  # families with their own FLOP model (linear attention)
-        row["flop_model"] = prepared.info["flop_model"]
-        row["flops"] = prepared.info["flops"]
+    if prepared.extra.get("flop_model"):  # families with their own FLOP model (linear attention)
+        row["flop_model"] = prepared.extra["flop_model"]
+        row["flops"] = float(prepared.extra["flops"][cell.pass_])
         row["tflops"] = row["flops"] / (timing.median_ms * 1e-3) / 1e12
     if check:
         row.update({k: v for k, v in check.items() if k.startswith("rel_err") or k == "check_seqlen"})
