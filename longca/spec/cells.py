@@ -158,6 +158,26 @@ def cp_layouts(mechanism: str, world: int, cp: dict[str, Any]) -> list[tuple[tup
     raise ValueError(f"unknown CP mechanism {mechanism!r}")
 
 
+def resolve_balance(balance: str, mask: str) -> str:
+    """`auto` sharding: per-document balance for document masks, zigzag for masks whose work
+    grows along the sequence (causal-type), contiguous where every rank has equal work anyway."""
+    if balance != "auto":
+        return balance
+    from longca.masks.registry import PATTERNS
+
+    if PATTERNS[mask].multi_document:
+        return "document"
+    if mask in ("full", "sliding_window"):
+        return "contiguous"
+    return "zigzag"
+
+
+def resolve_backend(backend: str, device: str) -> str:
+    if backend != "auto":
+        return backend
+    return "nccl" if device == "cuda" else "gloo"
+
+
 def expand(spec: Spec) -> list[Cell]:
     """Every cell of the spec, in a stable order (cheap cells first within each sweep)."""
     cells: list[Cell] = []
@@ -185,7 +205,8 @@ def expand(spec: Spec) -> list[Cell]:
                 seqlen=seqlen, heads_q=hq, heads_kv=hkv, head_dim=d, dtype=dtype, pass_=p, batch=b,
                 device=spec.device, seed=spec.seed, samples=_samples(spec, mask), repeat=repeat, check=check,
                 timeout_s=sw.timeout_s, world_size=world, cp_mechanism=mech, cp_degrees=degrees,
-                cp_balance=balance, cp_backend=backend,
+                cp_balance=resolve_balance(balance, mask.name) if mech else None,
+                cp_backend=resolve_backend(backend, spec.device) if mech else None,
             ))
     ids = [c.relpath() for c in cells]
     if len(set(ids)) != len(ids):

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# One call on a GPU host without network (the project's H200 runs): unpack carried packages,
+# run a stage for at most LIMIT seconds, and pack results and logs into OUTDIR/call.tar.gz.
+# Results land under results/ exactly as a Snakemake run would write them, so a later call (or a
+# Snakemake run) only adds the missing cells.
+#   usage: tools/h200_call.sh OUTDIR STAGE [LIMIT_S]
+#   stages: dense (the specs/h200.yaml sweep, one process per GPU), first (GPU checks, then dense),
+#           extra (sparse and linear benchmarks on the last GPU, dense on the others), cp (2-GPU CP)
+set -u
+out=${1:?outdir}; stage=${2:?stage}; limit=${3:-480}
+start=$SECONDS
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+logs=/tmp/longca-logs; mkdir -p "$logs"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl > "$logs/pip.log" 2>&1
+fi
+if [ -f .bundles/fa4.tar.xz ]; then mkdir -p /tmp/fa4 && tar xJf .bundles/fa4.tar.xz -C /tmp/fa4; fi
+export PYTHONPATH=$PWD:/tmp/site:/tmp/fa4:/tmp/fa4/nvidia_cutlass_dsl/dsl_packages
+ngpu=$(python3 -c 'import torch; print(torch.cuda.device_count())')
+{ nvidia-smi; python3 -c 'import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__)'; } > "$logs/env.txt" 2>&1
+left() { echo $(( limit - (SECONDS - start) - 25 )); }
+
+dense_shards() {  # $1: first GPU index to use, $2: number of GPUs
+  local first=$1 n=$2 g
+  for ((g = 0; g < n; g++)); do
+    CUDA_VISIBLE_DEVICES=$((first + g)) timeout -s KILL "$(left)" \
+      python3 -m longca.cli run --spec specs/h200.yaml --shard "$g/$n" > "$logs/dense-$g.log" 2>&1 &
+  done
+}
+
+case "$stage" in
+  first)
+    dense_shards 0 $((ngpu > 1 ? ngpu - 1 : 1))
+    last=$((ngpu - 1))
+    CUDA_VISIBLE_DEVICES=$last timeout 120 python3 benchmarks/timer_fidelity.py "$logs/fidelity.json" > "$logs/fidelity.log" 2>&1
+    CUDA_VISIBLE_DEVICES=$last timeout 120 python3 tools/fa4_smoke.py > "$logs/fa4_smoke.log" 2>&1
+    CUDA_VISIBLE_DEVICES=$last timeout 90 python3 benchmarks/sparse_check.py "$logs/sparse_check" > "$logs/sparse_check.log" 2>&1
+    if [ "$ngpu" -gt 1 ]; then
+      CUDA_VISIBLE_DEVICES=$last timeout -s KILL "$(left)" python3 -m longca.cli run --spec specs/h200.yaml \
+        --shard "$last/$ngpu" > "$logs/dense-last.log" 2>&1 &
+    fi
+    wait ;;
+  dense) dense_shards 0 "$ngpu"; wait ;;
+  extra)
+    dense_shards 0 $((ngpu > 1 ? ngpu - 1 : 1))
+    last=$((ngpu - 1))
+    CUDA_VISIBLE_DEVICES=$last timeout 200 python3 benchmarks/sparse_triton.py "$logs/sparse" --budget-s 150 > "$logs/sparse.log" 2>&1
+    CUDA_VISIBLE_DEVICES=$last timeout "$(left)" python3 benchmarks/linear_attention.py "$logs/linear" --head-dims 128 \
+      --budget-s $(( $(left) - 40 )) > "$logs/linear.log" 2>&1
+    wait ;;
+  cp) timeout -s KILL "$(left)" python3 -m longca.cli run --spec specs/h200-cp.yaml > "$logs/cp.log" 2>&1 ;;
+  *) echo "unknown stage $stage"; exit 2 ;;
+esac
+tar czf "$out/call.tar.gz" results "$logs" 2>/dev/null
+python3 - <<'PY'
+import collections, glob, pyarrow.parquet as pq
+c = collections.Counter(); bad = []
+for f in glob.glob("results/**/*.parquet", recursive=True):
+    for r in pq.read_table(f, columns=["sweep", "kernel", "status", "reason"]).to_pylist():
+        c[(r["sweep"], r["kernel"], r["status"])] += 1
+        if r["status"] in ("error", "incorrect") and len(bad) < 12:
+            bad.append(f"{r['kernel']}: {(r['reason'] or '')[:160]}")
+for k, v in sorted(c.items()): print(*k, v)
+print("\n".join(bad))
+PY
+tail -n 3 "$logs"/*.log
