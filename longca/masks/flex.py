@@ -170,34 +170,42 @@ def _ordered(grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
     The first `count` entries of a row are its True columns, ascending (what torch's
     argsort-based conversion gives, without sorting); later entries are valid but unspecified
-    column indices (never read). A row is written as 0..C-1 shifted to start at its first True
-    column, plus, after each run of True columns, a jump over the gap to the next run (a
-    cumulative sum); values past C wrap around. A few passes over the grid, no sort."""
+    column indices (never read). A row is 0..C-1 rotated to start at its first True column
+    (a row copy from a sliding window view); rows with several runs of True columns add, after
+    each run, a jump over the gap to the next run (a cumulative sum). No sort."""
     h, r, c = grid.shape
     num = np.count_nonzero(grid, axis=-1).astype(np.int32)
-    idx = np.zeros((h, r, c), dtype=np.int32)
+    idx = np.empty((h, r, c), dtype=np.int32)
     cols = np.arange(c, dtype=np.int32)
+    rotations = np.lib.stride_tricks.sliding_window_view(np.concatenate([cols, cols]), c)  # row f: f, f+1, ..
     for hh in range(h):
         g, out = grid[hh], idx[hh]
         edge = np.empty_like(g)
         edge[:, 0] = g[:, 0]
         np.greater(g[:, 1:], g[:, :-1], out=edge[:, 1:])  # True after False: a run begins
-        first = np.argmax(edge, axis=1).astype(np.int32)  # 0 for rows without runs
-        if (np.count_nonzero(edge, axis=1) > 1).any():
-            row, s_col = np.nonzero(edge)
-            edge[:, -1] = g[:, -1]
-            np.greater(g[:, :-1], g[:, 1:], out=edge[:, :-1])  # True before False: a run ends
+        first = np.argmax(edge, axis=1)  # 0 for rows without runs
+        for i, f in enumerate(first.tolist()):  # row i = f, f + 1, ... (mod c): a row copy, no temporaries
+            out[i] = rotations[f]
+        multi = np.nonzero(np.count_nonzero(edge, axis=1) > 1)[0]
+        if len(multi):
+            row, s_col = np.nonzero(edge[multi])
+            sub = g[multi]
+            edge = np.empty_like(sub)
+            edge[:, -1] = sub[:, -1]
+            np.greater(sub[:, :-1], sub[:, 1:], out=edge[:, :-1])  # True before False: a run ends
             _, e_col = np.nonzero(edge)
             length = e_col - s_col + 1
             before = np.cumsum(length) - length  # True columns in earlier runs, all rows
             later = np.nonzero(row[1:] == row[:-1])[0] + 1  # runs after the first of their row
             row_first = np.searchsorted(row, row[later])
-            out[row[later], before[later] - before[row_first]] = s_col[later] - e_col[later - 1] - 1
-            np.cumsum(out, axis=1, dtype=np.int32, out=out)
+            jumps = np.zeros((len(multi), c), dtype=np.int32)
+            jumps[row[later], before[later] - before[row_first]] = s_col[later] - e_col[later - 1] - 1
+            np.cumsum(jumps, axis=1, dtype=np.int32, out=jumps)
+            jumps += cols[None, :]
+            jumps += first[multi, None].astype(np.int32)
+            np.subtract(jumps, c, out=jumps, where=jumps >= c)
+            out[multi] = jumps
         del edge
-        out += cols[None, :]
-        out += first[:, None]
-        np.subtract(out, c, out=out, where=out >= c)
     return num, idx
 
 

@@ -104,6 +104,11 @@ class MaskPattern:
     # ones); a mask with nothing to sample is identical every time, so one sample suffices.
     default_samples: int = field(default=1)
 
+    @property
+    def sampled(self) -> bool:
+        """True when building draws something (documents, a length, scores): samples differ."""
+        return self.default_samples > 1
+
     def needs_inputs_for(self, params: dict[str, Any]) -> bool:
         return self.family == "dynamic" and params.get("score") == "importance"
 

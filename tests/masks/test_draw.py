@@ -33,3 +33,10 @@ def test_bad_suffix_is_refused(tmp_path):
 
     with pytest.raises(ValueError, match="allowed: .png, .svg, .html, .json"):
         draw(build_mask("full", 8), tmp_path / "x.gif")
+
+
+def test_package_gallery_returns_name_to_image_paths(tmp_path):
+    import longca.masks
+
+    images = longca.masks.gallery(tmp_path, 256, fmt="json", cells=8)
+    assert len(images) == 14 and all(p.exists() for p in images.values())

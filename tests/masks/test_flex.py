@@ -118,3 +118,14 @@ def test_block_counts_are_exact(name, doc_hist):
     pad[:, :301, :301] = dense
     want = pad.reshape(dense.shape[0], 10, 32, 19, 16).sum(axis=(2, 4))
     assert (flex.mask_block_counts(m, 32, 16) == want).all()
+
+
+def test_ordered_indices_list_true_columns_first_for_any_grid():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        grid = rng.random((2, int(rng.integers(1, 9)), int(rng.integers(1, 12)))) < rng.random()
+        num, idx = flex._ordered(grid)
+        assert (num == grid.sum(-1)).all()
+        assert idx.min() >= 0 and idx.max() < grid.shape[-1]  # padding entries are valid indices
+        for h, r in np.ndindex(grid.shape[:2]):
+            assert (idx[h, r, :num[h, r]] == np.nonzero(grid[h, r])[0]).all()

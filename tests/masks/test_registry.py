@@ -180,3 +180,9 @@ def test_all_static_masks_build_quickly_at_small_s_with_defaults():
         for S in (256, 1000, 2048):
             m = build_mask(name, S)
             assert 0 < m.density <= 1
+
+
+def test_sampled_patterns_are_those_that_draw_something():
+    sampled = sorted(n for n, p in PATTERNS.items() if p.sampled)
+    assert "full" not in sampled and "sliding_window" not in sampled
+    assert {"global_sliding_window", "prefix_lm_causal", "block_sparse", "full_document"} <= set(sampled)
