@@ -10,6 +10,7 @@ import json
 import shlex
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -247,10 +248,13 @@ def build_report(data: Sequence[str | Path], out: str | Path, spec: str | Path |
     libs = assets.write(out)
     _write_data(table, out)
     timings["assets+data"] = time.perf_counter() - t0
-    export.export(all_charts, specs, out, png=png)
-    timings["exports"] = time.perf_counter() - t0
+    # the mask gallery renders in this process while the export workers render the charts
+    with ThreadPoolExecutor(1) as pool:
+        drawn_gallery = pool.submit(gallery.build, out)
+        export.export(all_charts, specs, out, png=png)
+        images, message = drawn_gallery.result()
+    timings["exports+gallery"] = time.perf_counter() - t0
 
-    images, message = gallery.build(out)
     p_gallery = Page("gallery.html", "Mask gallery", "Mask gallery")
     if images:
         p_gallery.gallery(images)

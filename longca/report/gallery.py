@@ -8,6 +8,7 @@ function `gallery`) writing image files and returning their paths, or a {name: p
 from __future__ import annotations
 
 import importlib
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,7 @@ def build(out: Path) -> tuple[list[tuple[str, str]], str]:
         items = [(Path(p).stem, Path(p)) for p in result]
     else:
         items = [(p.stem, p) for p in sorted(d.rglob("*")) if p.suffix.lower() in IMAGE_SUFFIXES]
+    captions = _captions(d / "index.json")
     images = []
     for name, p in items:
         p = p if p.is_absolute() else (d / p if not p.exists() else p)
@@ -52,7 +54,22 @@ def build(out: Path) -> tuple[list[tuple[str, str]], str]:
             rel = p.resolve().relative_to(out.resolve())
         except ValueError:  # an image outside the report would not travel with it
             continue
-        images.append((rel.as_posix(), name))
+        images.append((rel.as_posix(), captions.get(name, name)))
     if not images:
         return [], "No gallery images were built: the mask gallery function wrote no images."
     return images, ""
+
+
+def _captions(index: Path) -> dict[str, str]:
+    """'name: description (S=..., density ...)' from the gallery's index.json, when it wrote one."""
+    try:
+        entries = json.loads(index.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    out = {}
+    for e in entries if isinstance(entries, list) else []:
+        if isinstance(e, dict) and "name" in e:
+            extra = ", ".join(f"{k} {e[k]:.3g}" if isinstance(e[k], float) else f"{k} {e[k]}"
+                              for k in ("seqlen", "density") if e.get(k) is not None)
+            out[str(e["name"])] = f"{e['name']}: {e.get('description', '')}" + (f" ({extra})" if extra else "")
+    return out

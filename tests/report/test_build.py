@@ -77,3 +77,16 @@ def test_gpu_peer_figures_are_not_drawn_over_cpu_rows() -> None:
     assert any(k == "p" and "not drawn over rows measured without a GPU" in b[0] for k, b in full.blocks)
     spec = full.charts()[0].spec()
     assert {v["_layer"] for v in spec["datasets"]["rows"]} == {"measured"}
+
+
+def test_empty_and_sparse_inputs_still_build(tmp_path: Path) -> None:
+    from longca.report import build_report
+    from longca.store.schema import to_table
+
+    for name, rows in {"empty": [], "bare": [{"kernel": "k", "status": "error", "reason": "boom"}]}.items():
+        pq.write_table(to_table(rows), tmp_path / f"{name}.parquet")
+        built = build_report([tmp_path / f"{name}.parquet"], tmp_path / name, png=False)
+        assert (tmp_path / name / "index.html").is_file() and (tmp_path / name / "assets" / "vega-bundle.js").is_file()
+        status = (tmp_path / name / "status.html").read_text()
+        assert ("boom" in status) == (name == "bare")
+        assert all(c == "overview-support" for c in built.charts)
