@@ -171,8 +171,8 @@ def _ordered(grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     The first `count` entries of a row are its True columns, ascending (what torch's
     argsort-based conversion gives, without sorting); later entries are valid but unspecified
     column indices (never read). A row is 0..C-1 rotated to start at its first True column
-    (a row copy from a sliding window view); rows with several runs of True columns add, after
-    each run, a jump over the gap to the next run (a cumulative sum). No sort."""
+    (a row copy from a sliding window view); rows with several runs of True columns then get
+    their True columns written explicitly (work proportional to them). No sort."""
     h, r, c = grid.shape
     num = np.count_nonzero(grid, axis=-1).astype(np.int32)
     idx = np.empty((h, r, c), dtype=np.int32)
@@ -187,7 +187,7 @@ def _ordered(grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         for i, f in enumerate(first.tolist()):  # row i = f, f + 1, ... (mod c): a row copy, no temporaries
             out[i] = rotations[f]
         multi = np.nonzero(np.count_nonzero(edge, axis=1) > 1)[0]
-        if len(multi):
+        if len(multi):  # rows with several runs: write their True columns explicitly
             row, s_col = np.nonzero(edge[multi])
             sub = g[multi]
             edge = np.empty_like(sub)
@@ -196,15 +196,10 @@ def _ordered(grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             _, e_col = np.nonzero(edge)
             length = e_col - s_col + 1
             before = np.cumsum(length) - length  # True columns in earlier runs, all rows
-            later = np.nonzero(row[1:] == row[:-1])[0] + 1  # runs after the first of their row
-            row_first = np.searchsorted(row, row[later])
-            jumps = np.zeros((len(multi), c), dtype=np.int32)
-            jumps[row[later], before[later] - before[row_first]] = s_col[later] - e_col[later - 1] - 1
-            np.cumsum(jumps, axis=1, dtype=np.int32, out=jumps)
-            jumps += cols[None, :]
-            jumps += first[multi, None].astype(np.int32)
-            np.subtract(jumps, c, out=jumps, where=jumps >= c)
-            out[multi] = jumps
+            run = np.repeat(np.arange(len(length)), length)
+            within = np.arange(int(length.sum())) - before[run]
+            pos = (before - before[np.searchsorted(row, row)])[run] + within  # position in its row
+            out[multi[row[run]], pos] = s_col[run] + within
         del edge
     return num, idx
 

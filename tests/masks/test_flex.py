@@ -129,3 +129,18 @@ def test_ordered_indices_list_true_columns_first_for_any_grid():
         assert idx.min() >= 0 and idx.max() < grid.shape[-1]  # padding entries are valid indices
         for h, r in np.ndindex(grid.shape[:2]):
             assert (idx[h, r, :num[h, r]] == np.nonzero(grid[h, r])[0]).all()
+
+
+def test_rectangular_sub_masks_as_context_parallelism_uses_them():
+    from longca.masks import slices as sl
+    from longca.masks.mask import Mask
+
+    full = build_mask("share_question", 400, {"distribution": "pile"}, seed=3)
+    # the (rank 1 queries, rank 0 keys) block of a 2-way split, shifted to local coordinates
+    part = sl.shift_slices(sl.clip_slices(full.slices, 200, 400, 0, 150), dq=-200)
+    m = Mask("cp_step", 200, 150, part)
+    want = full.dense()[200:400, 0:150]
+    assert m.area == want.sum()
+    bm = flex.to_block_mask(m, (32, 16))
+    assert bm.seq_lengths == (200, 150)
+    assert (flex.block_mask_dense(bm, 200, 150)[0] == want).all()
