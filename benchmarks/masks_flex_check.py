@@ -39,6 +39,13 @@ def main() -> int:
     hq, hkv = (int(x) for x in args.heads.split(":"))
     dtype = getattr(torch, args.dtype)
     dev = torch.device(args.device)
+    # One compile per (mask_mod, shape): past dynamo's default recompile limit it would silently fall
+    # back to eager flex_attention, which materialises S x S scores.
+    import torch._dynamo
+
+    for knob in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit", "accumulated_recompile_limit"):
+        if hasattr(torch._dynamo.config, knob):
+            setattr(torch._dynamo.config, knob, 4096)
     flex = torch.compile(flex_attention, dynamic=False)
     small = {"sliding_window": {"window": 128}, "causal_sliding_window": {"window": 128},
              "block_causal_document": {"block": 256}}
