@@ -15,6 +15,7 @@ import json
 import time
 
 import torch
+import torch._dynamo
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -41,8 +42,6 @@ def main() -> int:
     dev = torch.device(args.device)
     # One compile per (mask_mod, shape): past dynamo's default recompile limit it would silently fall
     # back to eager flex_attention, which materialises S x S scores.
-    import torch._dynamo
-
     for knob in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit", "accumulated_recompile_limit"):
         if hasattr(torch._dynamo.config, knob):
             setattr(torch._dynamo.config, knob, 4096)
