@@ -49,6 +49,16 @@ case "$stage" in
       --budget-s $(( $(left) - 40 )) > "$logs/linear.log" 2>&1
     wait ;;
   cp) timeout -s KILL "$(left)" python3 -m longca.cli run --spec specs/h200-cp.yaml > "$logs/cp.log" 2>&1 ;;
+  cp_extra)  # the CP goal sweep on both GPUs, its single-GPU baseline, then long context + sparse + linear
+    timeout -s KILL 250 python3 -m longca.cli run --spec specs/h200-cp.yaml --sweep cp_goal > "$logs/cp.log" 2>&1
+    timeout -s KILL 60 python3 -m torch.distributed.run --standalone --nproc-per-node 1 -m longca.cp.bench \
+      --preset h200_goal_single --out-dir "$logs/single" > "$logs/cp_single.log" 2>&1
+    CUDA_VISIBLE_DEVICES=0 timeout -s KILL "$(left)" python3 -m longca.cli run --spec specs/h200.yaml --sweep long \
+      > "$logs/long.log" 2>&1 &
+    CUDA_VISIBLE_DEVICES=1 timeout 170 python3 benchmarks/sparse_triton.py "$logs/sparse" --budget-s 120 > "$logs/sparse.log" 2>&1
+    CUDA_VISIBLE_DEVICES=1 timeout "$(left)" python3 benchmarks/linear_attention.py "$logs/linear" --head-dims 128 \
+      --budget-s $(( $(left) - 45 )) > "$logs/linear.log" 2>&1
+    wait ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
 tar czf "$out/call.tar.gz" results "$logs" 2>/dev/null

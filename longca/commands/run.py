@@ -13,6 +13,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="how context-parallel cells start their processes")
     p.add_argument("--shard", default=None, metavar="I/N",
                    help="run only every N-th pending cell starting at I (one process per GPU on one host)")
+    p.add_argument("--sweep", action="append", default=None, help="only these sweeps (repeatable)")
     p.add_argument("outputs", nargs="*", help="cell output files to produce (as planned by the Snakefile)")
     p.set_defaults(func=_run)
 
@@ -31,6 +32,8 @@ def _run(args: argparse.Namespace) -> int:
             assert 0 <= i < n
         except (ValueError, AssertionError):
             raise ValueError(f"--shard {args.shard!r}: expected I/N with 0 <= I < N, e.g. 0/2") from None
+    if args.sweep:
+        jobs = [j for j in jobs if j.cells[0].sweep in args.sweep]
     for job in jobs:
         outputs = job.outputs
         if args.shard:

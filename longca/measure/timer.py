@@ -77,6 +77,17 @@ class CpuTimer(Timer):
         return Timing(samples, warmup, len(samples), self.name, False, kernel_s=sum(samples) / 1000.0)
 
 
+_flush_buffers: dict[str, torch.Tensor] = {}
+
+
+def _flush_buffer(device: torch.device) -> torch.Tensor:
+    """One 256 MB buffer per device and process, reused by every cell."""
+    key = str(device)
+    if key not in _flush_buffers:
+        _flush_buffers[key] = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=device)
+    return _flush_buffers[key]
+
+
 class CudaTimer(Timer):
     """CUDA events around each iteration, with the L2 flushed by a 256 MB write before it."""
 
@@ -85,7 +96,7 @@ class CudaTimer(Timer):
     def __init__(self, device: torch.device | None = None, l2_flush: bool = True):
         self.device = device or torch.device("cuda")
         self.l2_flush = l2_flush
-        self._flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=self.device) if l2_flush else None
+        self._flush = _flush_buffer(self.device) if l2_flush else None
 
     def time(self, fn, *, warmup, iters, min_iters=1, budget_s=10.0, before=None):
         for _ in range(warmup):

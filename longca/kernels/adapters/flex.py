@@ -48,6 +48,12 @@ def compiled_flex():
                      "accumulated_cache_size_limit"):
             if hasattr(cfg, name):
                 setattr(cfg, name, max(getattr(cfg, name), RECOMPILE_LIMIT))
+        # The runner times the backward alone by calling backward(retain_graph=True) on one saved
+        # forward; compiled graphs with donated buffers refuse that (seen on the H200, torch 2.11).
+        import torch._functorch.config as functorch_config
+
+        if hasattr(functorch_config, "donated_buffer"):
+            functorch_config.donated_buffer = False
         _compiled = torch.compile(flex_attention, dynamic=False)
     return _compiled
 
