@@ -17,6 +17,9 @@ fi
 if [ -f .bundles/fa4.tar.xz ]; then mkdir -p /tmp/fa4 && tar xJf .bundles/fa4.tar.xz -C /tmp/fa4; fi
 export PYTHONPATH=$PWD:/tmp/site:/tmp/fa4:/tmp/fa4/nvidia_cutlass_dsl/dsl_packages
 ngpu=$(python3 -c 'import torch; print(torch.cuda.device_count())')
+# Earlier calls' results travel as aggregates; restoring their cell files makes this call add only
+# the missing cells.
+for agg in results/*/all.parquet; do [ -f "$agg" ] && python3 -m longca.cli unpack "$agg" > "$logs/unpack.log" 2>&1; done
 { nvidia-smi; python3 -c 'import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__)'; } > "$logs/env.txt" 2>&1
 left() { echo $(( limit - (SECONDS - start) - 25 )); }
 
@@ -61,7 +64,12 @@ case "$stage" in
     wait ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
-tar czf "$out/call.tar.gz" results "$logs" 2>/dev/null
+for spec in h200 h200-cp; do
+  if [ -d "results/$spec/cells" ]; then
+    python3 -m longca.cli aggregate --spec "specs/$spec.yaml" --present-only --out "$out/$spec.parquet" >> "$logs/aggregate.log" 2>&1
+  fi
+done
+tar czf "$out/logs.tar.gz" "$logs" 2>/dev/null
 python3 - <<'PY'
 import collections, glob, pyarrow.parquet as pq
 c = collections.Counter(); bad = []

@@ -10,16 +10,27 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--spec", required=True)
     p.add_argument("--results", default="results")
     p.add_argument("--out", required=True)
+    p.add_argument("--present-only", action="store_true",
+                   help="aggregate the cells measured so far (a partial sweep), not every planned cell")
     p.set_defaults(func=_aggregate)
 
 
 def _aggregate(args: argparse.Namespace) -> int:
     from longca.spec.cells import expand
     from longca.spec.load import load_spec
-    from longca.store.aggregate import aggregate
+    from longca.store.aggregate import aggregate, aggregate_arrow
 
     spec = load_spec(args.spec)
     files = [c.output(args.results) for c in expand(spec)]
-    n = aggregate(files, args.out)
+    if args.present_only:
+        import os
+
+        files = [f for f in files if os.path.exists(f)]
+    try:
+        import duckdb  # noqa: F401
+    except ImportError:
+        n = aggregate_arrow(files, args.out)
+    else:
+        n = aggregate(files, args.out)
     print(f"aggregated {len(files)} cells, {n} rows -> {args.out}")
     return 0

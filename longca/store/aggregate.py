@@ -40,3 +40,53 @@ def aggregate(files: list[str], out: str | Path) -> int:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return int(n)
+
+
+def aggregate_arrow(files: list[str], out: str | Path) -> int:
+    """The same union with pyarrow alone (GPU hosts without DuckDB)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    tables = [pq.read_table(f) for f in files]
+    table = pa.concat_tables(tables, promote_options="permissive") if tables else None
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.part")
+    pq.write_table(table, tmp, compression="zstd")
+    os.replace(tmp, out)
+    return table.num_rows
+
+
+def cell_path_of_row(row: dict, results_dir: str | Path) -> Path:
+    """Where a row's cell file lives: the same hive path the planner gives the cell."""
+    keys = ["sweep", "kernel", "mask", "mask_variant", "seqlen_q", "heads_q", "heads_kv", "head_dim", "dtype",
+            "pass", "batch"]
+    if row.get("cp_mechanism"):
+        keys += ["world_size", "cp_mechanism", "cp_variant"]
+    parts = "/".join(f"{k}={row[k]}" for k in keys)
+    return Path(results_dir) / row["spec"] / "cells" / parts / f"cell-{row['cell_digest']}.parquet"
+
+
+def unpack(aggregate_file: str | Path, results_dir: str | Path) -> tuple[int, int]:
+    """Restore cell files from an aggregate table (results committed or copied from another machine).
+
+    Cells whose file already exists and is sound are left alone, so unpacking never overwrites a
+    newer measurement. Returns (cells written, cells kept).
+    """
+    import pyarrow.parquet as pq
+
+    from longca.store.read import damage
+    from longca.store.write import write_rows
+
+    rows = pq.read_table(aggregate_file).to_pylist()
+    by_cell: dict[Path, list[dict]] = {}
+    for row in rows:
+        by_cell.setdefault(cell_path_of_row(row, results_dir), []).append(row)
+    written = kept = 0
+    for path, cell_rows in by_cell.items():
+        if path.exists() and damage(path) is None:
+            kept += 1
+            continue
+        write_rows(path, cell_rows)
+        written += 1
+    return written, kept
