@@ -68,8 +68,9 @@ SelectTypeParameters=CR_Core_Memory
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
-# Finished jobs stay visible to squeue/scontrol for 5 minutes (the plugin polls squeue).
-MinJobAge=300
+# Finished jobs stay visible to squeue/scontrol for an hour: the plugin's squeue status check
+# needs them, and the tests read their records after a run (there is no accounting database).
+MinJobAge=3600
 ReturnToService=2
 SchedulerType=sched/backfill
 SlurmctldPort=6817

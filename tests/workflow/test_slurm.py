@@ -1,0 +1,267 @@
+"""The benchmark under a real SLURM cluster: `snakemake --profile profiles/slurm`.
+
+Needs a running cluster whose nodes see this file system; CI starts a one-node one with
+.ci/slurm/up.sh. Without one these tests skip, unless LONGCA_REQUIRE_SLURM=1 (set by .ci/run),
+which turns the skip into a failure so that CI cannot pass without running them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from wf import ROOT, copy_workflow, jobs_run
+
+# Far above the measured times (notes/slurm.md): a hang fails the test instead of stalling CI.
+LIMIT_S = 540
+
+# The cancel test's spec: the default spec's shape, small. Two sweeps give two independent cell
+# jobs that run side by side on a 2-CPU node, so one can be cancelled while the other finishes.
+CANCEL_SPEC = """
+name: cancel
+device: cpu
+seed: 0
+repeat: {warmup: 0, iters: 2, min_iters: 1, budget_s: 0.1, l2_flush: false}
+check: {enabled: true, max_seqlen: 256}
+timeout_s: 120
+mask_samples: {multi_document: 2, single: 1}
+heads: ["4:2"]
+head_dims: [32]
+dtypes: [float32]
+passes: [fwd, bwd]
+batch: [1]
+kernels: [naive, sdpa_math]
+masks: [causal, causal_document]
+seqlens: [256]
+sweeps: [{name: a}, {name: b}]
+"""
+
+
+def _slurm_problem() -> str | None:
+    """Why SLURM cannot run jobs here, or None when a node is ready."""
+    for tool in ("sinfo", "sbatch", "squeue", "scancel", "scontrol"):
+        if not shutil.which(tool):
+            return f"SLURM client command {tool} is not installed"
+    try:
+        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%t"], capture_output=True, text=True, timeout=15)
+    except subprocess.TimeoutExpired:
+        return "sinfo timed out (slurmctld not answering)"
+    if out.returncode != 0:
+        return f"sinfo failed: {out.stderr.strip()[:200]}"
+    states = [s.rstrip("*~#$@^-+") for s in out.stdout.split()]
+    if not any(s in ("idle", "mix", "mixed", "alloc", "allocated") for s in states):
+        return f"no SLURM node is up (node states: {states})"
+    return None
+
+
+@pytest.fixture(scope="module")
+def slurm() -> None:
+    problem = _slurm_problem()
+    if problem:
+        if os.environ.get("LONGCA_REQUIRE_SLURM") == "1":
+            pytest.fail(f"LONGCA_REQUIRE_SLURM=1 but {problem}")
+        pytest.skip(problem)
+
+
+def _workspace(dest: Path, spec_text: str | None = None) -> Path:
+    """A copy of the workflow, so runs never touch the repository's results/ and reports/."""
+    dest.mkdir(parents=True)
+    copy_workflow(dest)
+    shutil.copy(ROOT / "specs" / "default.yaml", dest / "specs" / "default.yaml")
+    if spec_text:
+        (dest / "specs" / "cancel.yaml").write_text(spec_text)
+    return dest
+
+
+def _jobs(ws: Path, fields: str = "%T|%k") -> dict[str, list[str]]:
+    """SLURM jobs started from this workspace: job id -> the squeue fields asked for (default:
+    state and comment, where the plugin writes `rule_<rule name>`). squeue shows finished jobs
+    for MinJobAge seconds (an hour on the CI cluster)."""
+    n = fields.count("|") + 1
+    out = subprocess.run(["squeue", "-h", "-t", "all", "-o", f"%i|%Z|{fields}"],
+                         capture_output=True, text=True, timeout=15, check=True).stdout
+    jobs = {}
+    for line in out.splitlines():
+        jid, workdir, *rest = (line.split("|", n + 1) + [""] * (n + 1))[: n + 2]
+        if workdir and Path(workdir).resolve() == ws.resolve():
+            jobs[jid] = rest
+    return jobs
+
+
+def _cancel_leftovers(ws: Path) -> None:
+    """Cancel jobs a killed Snakemake left behind (only this workspace's)."""
+    live = [j for j, (state, _) in _jobs(ws).items() if state in ("PENDING", "RUNNING", "CONFIGURING")]
+    if live:
+        subprocess.run(["scancel", *live], timeout=15)
+
+
+def _cmd(spec: str, *extra: str) -> list[str]:
+    return ["timeout", "-s", "KILL", str(LIMIT_S), sys.executable, "-m", "snakemake",
+            "--profile", "profiles/slurm", "--config", f"spec={spec}", *extra]
+
+
+def _watch(ws: Path, proc: subprocess.Popen) -> None:
+    """Fail fast on a job SLURM can never start (reason PartitionConfig: it asks for more CPUs,
+    memory or time than the partition has); the plugin would wait for it forever."""
+    for jid, (state, reason, cpus, comment) in _jobs(ws, "%T|%r|%C|%k").items():
+        if state == "PENDING" and reason == "PartitionConfig":
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            _cancel_leftovers(ws)
+            info = subprocess.run(["sinfo", "-h", "-o", "%c CPUs, %m MB"], capture_output=True, text=True).stdout
+            pytest.fail(f"SLURM job {jid} ({comment}) can never start: it asks for {cpus} CPUs; "
+                        f"the node has {info.strip()}")
+
+
+def _run(ws: Path, cmd: list[str], log_path: Path) -> subprocess.CompletedProcess:
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=ws, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            while proc.poll() is None:
+                _watch(ws, proc)
+                time.sleep(2)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            _cancel_leftovers(ws)
+    return subprocess.CompletedProcess(cmd, proc.returncode, log_path.read_text(), "")
+
+
+def _log(proc) -> str:
+    return f"exit {proc.returncode}\n{proc.stdout[-10000:]}"
+
+
+def _cell_files(ws: Path, spec: str) -> dict[str, int]:
+    """Cell result files: path relative to the spec's results -> modification time (ns)."""
+    base = ws / "results" / spec / "cells"
+    return {str(p.relative_to(base)): p.stat().st_mtime_ns for p in base.rglob("cell-*.parquet")}
+
+
+def _rows(ws: Path, spec: str):
+    return pq.read_table(ws / "results" / spec / "all.parquet")
+
+
+def _keys(table) -> Counter:
+    return Counter((r["cell_id"], r["mask_sample"], r["status"])
+                   for r in table.select(["cell_id", "mask_sample", "status"]).to_pylist())
+
+
+def _no_duplicates(table) -> None:
+    keys = [(r["cell_id"], r["mask_sample"]) for r in table.select(["cell_id", "mask_sample"]).to_pylist()]
+    assert len(keys) == len(set(keys)), [k for k, n in Counter(keys).items() if n > 1][:5]
+
+
+def test_default_spec_through_slurm_matches_a_local_run(slurm, tmp_path):
+    local = _workspace(tmp_path / "local")
+    remote = _workspace(tmp_path / "slurm")
+    # The local reference runs alongside: the work is mostly start-up latency, not CPU.
+    with open(tmp_path / "local.log", "w") as log:
+        ref = subprocess.Popen(["timeout", "-s", "KILL", str(LIMIT_S), sys.executable, "-m", "snakemake",
+                                "--cores", "2", "--config", "spec=specs/default.yaml"],
+                               cwd=local, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            t0 = time.monotonic()
+            proc = _run(remote, _cmd("specs/default.yaml"), tmp_path / "slurm.log")
+            wall = time.monotonic() - t0
+            ref_code = ref.wait(timeout=LIMIT_S)
+        finally:
+            if ref.poll() is None:
+                os.killpg(ref.pid, signal.SIGKILL)
+                ref.wait()
+    assert proc.returncode == 0, _log(proc)
+    assert ref_code == 0, (tmp_path / "local.log").read_text()[-6000:]
+    out = proc.stdout + proc.stderr
+
+    # Every cell job went through sbatch and completed there; none ran on the submitting host.
+    ran = jobs_run(proc)
+    cell_rules = [r for r in ran if r.startswith("cells_")]
+    assert cell_rules and not re.search(r"^\s*localrule cells_", out, re.M)
+    jobs = _jobs(remote)
+    by_rule = {c.removeprefix("rule_"): (jid, state) for jid, (state, c) in jobs.items()}
+    assert sorted(r for r in by_rule if r.startswith("cells_")) == sorted(cell_rules), (by_rule, cell_rules)
+    assert all(state == "COMPLETED" for _, state in by_rule.values()), jobs
+    assert out.count("has been submitted with SLURM jobid") == len(jobs)
+    # The aggregate and the report followed (as SLURM jobs, or as local rules if so declared).
+    assert {"aggregate", "report"} <= set(ran)
+
+    # The context-parallel cells ran as one SLURM job of 2 tasks (gloo, launched with srun).
+    cp = [jid for rule, (jid, _) in by_rule.items() if rule.startswith("cells_cp_")]
+    assert cp, f"the default spec has no CP cell job: {sorted(by_rule)}"
+    for jid in cp:
+        info = subprocess.run(["scontrol", "show", "job", jid], capture_output=True, text=True, timeout=15).stdout
+        assert re.search(r"\bNumTasks=2\b", info), info
+
+    # Same cells, same statuses, same schema as the local run, each cell exactly once.
+    got, want = _rows(remote, "default"), _rows(local, "default")
+    assert got.schema.remove_metadata().equals(want.schema.remove_metadata()), (got.schema, want.schema)
+    assert _keys(got) == _keys(want)
+    assert set(_cell_files(remote, "default")) == set(_cell_files(local, "default"))
+    _no_duplicates(got)
+    cp_rows = [r for r in got.select(["world_size", "cp_mechanism", "status"]).to_pylist() if r["cp_mechanism"]]
+    assert cp_rows and {r["world_size"] for r in cp_rows} == {2}
+    assert (remote / "reports" / "default" / "index.html").stat().st_size > 0
+    print(f"SLURM run of the default spec: {wall:.0f} s, {len(jobs)} SLURM jobs")
+
+
+def test_cancelled_job_then_rerun_completes_only_what_is_missing(slurm, tmp_path):
+    ws = _workspace(tmp_path / "slurm", CANCEL_SPEC)
+    log_path = tmp_path / "first.log"
+    with open(log_path, "w") as log:
+        first = subprocess.Popen(_cmd("specs/cancel.yaml"), cwd=ws, stdout=log, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+        try:
+            victim = None
+            deadline = time.monotonic() + 240
+            while victim is None and time.monotonic() < deadline and first.poll() is None:
+                running = [(jid, c) for jid, (state, c) in _jobs(ws).items()
+                           if state == "RUNNING" and c.startswith("rule_cells_")]
+                victim = running[0] if running else None
+                time.sleep(0.5)
+            assert victim, "no cell job was seen RUNNING:\n" + log_path.read_text()[-4000:]
+            subprocess.run(["scancel", victim[0]], check=True, timeout=15)
+            code = first.wait(timeout=LIMIT_S)
+        finally:
+            if first.poll() is None:
+                os.killpg(first.pid, signal.SIGKILL)
+                first.wait()
+            _cancel_leftovers(ws)
+    text = log_path.read_text()
+    assert code != 0, text[-4000:]  # Snakemake reports the failure ...
+    assert f"SLURM-job '{victim[0]}' failed" in text and "CANCELLED" in text, text[-4000:]
+    assert _jobs(ws)[victim[0]][0] == "CANCELLED"
+    assert not (ws / "results" / "cancel" / "all.parquet").exists()
+    cancelled_sweep = re.match(r"rule_cells_(\w+?)_device_", victim[1]).group(1)
+    other = {"a": "b", "b": "a"}[cancelled_sweep]
+
+    before = _cell_files(ws, "cancel")
+    # ... after letting the other job finish (--keep-going): its cells are all there, none of the
+    # cancelled job's (Snakemake removes a failed job's partial outputs).
+    assert before and all(p.startswith(f"sweep={other}/") for p in before), sorted(before)
+
+    second = _run(ws, _cmd("specs/cancel.yaml"), tmp_path / "second.log")
+    assert second.returncode == 0, _log(second)
+    ran = jobs_run(second)
+    assert sorted(r for r in ran if not r.startswith("cells_")) == ["aggregate", "all", "report"], ran
+    assert [r.split("_")[1] for r in ran if r.startswith("cells_")] == [cancelled_sweep], ran
+
+    after = _cell_files(ws, "cancel")
+    redone = {p for p in after if before.get(p) != after[p]}
+    assert redone == set(after) - set(before), "a finished cell was run again"
+    assert redone and all(p.startswith(f"sweep={cancelled_sweep}/") for p in redone)
+    assert len(after) == 2 * len(before)  # both sweeps have the same cells
+
+    table = _rows(ws, "cancel")
+    _no_duplicates(table)
+    assert len(set(table.column("cell_id").to_pylist())) == len(after)
+    assert set(table.column("status").to_pylist()) <= {"ok", "unsupported"}
