@@ -21,7 +21,8 @@ ngpu=$(python3 -c 'import torch; print(torch.cuda.device_count())')
 # the missing cells.
 for agg in results/*/all.parquet; do [ -f "$agg" ] && python3 -m longca.cli unpack "$agg" > "$logs/unpack.log" 2>&1; done
 { nvidia-smi; python3 -c 'import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__)'; } > "$logs/env.txt" 2>&1
-left() { echo $(( limit - (SECONDS - start) - 25 )); }
+left() { local s=$(( limit - (SECONDS - start) - 40 )); echo $(( s > 5 ? s : 5 )); }
+cleanup() { pkill -9 -f 'longca.cp.bench|longca.run.worker|torch.distributed.run' 2>/dev/null; sleep 2; }
 
 dense_shards() {  # $1: first GPU index to use, $2: number of GPUs
   local first=$1 n=$2 g
@@ -52,6 +53,18 @@ case "$stage" in
       --budget-s $(( $(left) - 40 )) > "$logs/linear.log" 2>&1
     wait ;;
   cp) timeout -s KILL "$(left)" python3 -m longca.cli run --spec specs/h200-cp.yaml > "$logs/cp.log" 2>&1 ;;
+  final)  # CP goal subset on both GPUs; then 32K dense + linear attention, one GPU each
+    timeout -k 10 -s TERM 170 python3 -m longca.cli run --spec specs/h200-cp.yaml --sweep cp_goal \
+      --only heads=64:8 --only cp_mechanism=ring_p2p --only cp_mechanism=ulysses --only seqlen=64K \
+      --only seqlen=128K > "$logs/cp.log" 2>&1
+    cleanup
+    CUDA_VISIBLE_DEVICES=0 timeout -k 10 -s TERM "$(left)" python3 -m longca.cli run --spec specs/h200.yaml \
+      --sweep dense --only seqlen=32K > "$logs/dense32k.log" 2>&1 &
+    CUDA_VISIBLE_DEVICES=1 timeout 150 python3 benchmarks/linear_attention.py "$logs/linear" --head-dims 128 \
+      --budget-s 100 > "$logs/linear.log" 2>&1
+    CUDA_VISIBLE_DEVICES=1 timeout -k 10 -s TERM "$(left)" python3 -m longca.cli run --spec specs/h200.yaml \
+      --sweep dense --only seqlen=8K > "$logs/dense8k.log" 2>&1
+    wait; cleanup ;;
   cp_extra)  # the CP goal sweep on both GPUs, its single-GPU baseline, then long context + sparse + linear
     timeout -s KILL 250 python3 -m longca.cli run --spec specs/h200-cp.yaml --sweep cp_goal > "$logs/cp.log" 2>&1
     timeout -s KILL 60 python3 -m torch.distributed.run --standalone --nproc-per-node 1 -m longca.cp.bench \

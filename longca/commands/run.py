@@ -14,6 +14,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--shard", default=None, metavar="I/N",
                    help="run only every N-th pending cell starting at I (one process per GPU on one host)")
     p.add_argument("--sweep", action="append", default=None, help="only these sweeps (repeatable)")
+    p.add_argument("--only", action="append", default=[], metavar="KEY=VALUE",
+                   help="only cells with this value (repeatable; repeated keys are alternatives), keys: "
+                        "kernel, mask, seqlen, heads, head_dim, dtype, pass, batch, cp_mechanism, world_size")
     p.add_argument("outputs", nargs="*", help="cell output files to produce (as planned by the Snakefile)")
     p.set_defaults(func=_run)
 
@@ -34,10 +37,37 @@ def _run(args: argparse.Namespace) -> int:
             raise ValueError(f"--shard {args.shard!r}: expected I/N with 0 <= I < N, e.g. 0/2") from None
     if args.sweep:
         jobs = [j for j in jobs if j.cells[0].sweep in args.sweep]
+    keep = _filter(args.only)
     for job in jobs:
-        outputs = job.outputs
+        outputs = [o for c, o in zip(job.cells, job.outputs) if keep(c)]
         if args.shard:
             outputs = [o for k, o in enumerate(outputs) if k % n == i]
         if outputs:
             run_chunk(args.spec, outputs, args.results, args.launcher)
     return 0
+
+
+def _filter(only: list[str]):
+    from longca.spec.load import DTYPE_ALIASES, parse_seqlen
+
+    wanted: dict[str, set[str]] = {}
+    for item in only:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--only {item!r}: expected KEY=VALUE")
+        if key == "seqlen":
+            value = str(parse_seqlen(value, "--only seqlen"))
+        elif key == "dtype":
+            value = DTYPE_ALIASES.get(value, value)
+        wanted.setdefault(key, set()).add(value)
+
+    def value_of(cell, key):
+        if key == "heads":
+            return f"{cell.heads_q}:{cell.heads_kv}"
+        attr = {"pass": "pass_"}.get(key, key)
+        if not hasattr(cell, attr):
+            raise ValueError(f"--only: unknown key {key!r}; allowed: kernel, mask, seqlen, heads, head_dim, dtype, "
+                             "pass, batch, cp_mechanism, world_size")
+        return str(getattr(cell, attr))
+
+    return lambda cell: all(value_of(cell, k) in vals for k, vals in wanted.items())

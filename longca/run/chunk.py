@@ -31,6 +31,17 @@ from longca.spec.load import load_spec
 from longca.store.write import write_rows
 
 GRACE_S = 30.0  # start-up and compilation allowance on top of a cell's own limit
+_children: set[subprocess.Popen] = set()  # process groups to take down if we are stopped
+
+
+def _on_term(signum, frame):  # noqa: ARG001
+    """Stopped (SIGTERM, e.g. a scheduler's time limit): stop workers and CP groups too, never orphan them."""
+    for proc in list(_children):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    raise SystemExit(128 + signum)
 
 
 def _log(msg: str) -> None:
@@ -80,6 +91,7 @@ def run_device_cells(cells: list[Cell], outputs: list[str], workdir: Path) -> di
             proc = subprocess.Popen([sys.executable, "-m", "longca.run.worker", str(job_file), str(write_fd)],
                                     pass_fds=(write_fd,), stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True)
+            _children.add(proc)
         os.close(write_fd)
         reader = os.fdopen(read_fd, "r")
         current = None
@@ -180,18 +192,14 @@ def run_cp_cells(cells: list[Cell], outputs: list[str], workdir: Path, launcher:
     limit = sum(c.timeout_s for c in cells) + GRACE_S * 2
     log_path = workdir / "cp.log"
     _log(f"launching {len(cells)} CP cell(s) on {world} processes: {' '.join(cmd[:6])} ...")
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            code = proc.wait(timeout=limit)
-            why = _describe_exit(code)
-        except subprocess.TimeoutExpired:
-            _kill(proc)
-            code, why = None, f"the CP process group exceeded its time limit of {limit:g} s and was killed"
-    sys.stderr.write(log_path.read_text(errors="replace")[-20000:])
-    for cell, path in zip(cells, outputs):
-        result_file = out_dir / f"{cell.digest}.json"
-        if result_file.exists():
+    done: set[str] = set()
+
+    def collect() -> None:
+        """Rows for every cell rank 0 has reported so far (a killed group keeps its finished cells)."""
+        for cell, path in zip(cells, outputs):
+            result_file = out_dir / f"{cell.digest}.json"
+            if cell.digest in done or not result_file.exists():
+                continue
             results = json.loads(result_file.read_text())
             rows = []
             for res in results if isinstance(results, list) else [results]:
@@ -199,6 +207,29 @@ def run_cp_cells(cells: list[Cell], outputs: list[str], workdir: Path, launcher:
                 row.update({k: v for k, v in res.items() if k not in ("cell_id",)})
                 rows.append(row)
             write_rows(path, rows)
+            done.add(cell.digest)
+
+    deadline = time.monotonic() + limit
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        _children.add(proc)
+        code, why = None, ""
+        while True:
+            try:
+                code = proc.wait(timeout=2.0)
+                why = _describe_exit(code)
+                break
+            except subprocess.TimeoutExpired:
+                collect()
+                if time.monotonic() > deadline:
+                    _kill(proc)
+                    code, why = None, f"the CP process group exceeded its time limit of {limit:g} s and was killed"
+                    break
+    collect()
+    sys.stderr.write(log_path.read_text(errors="replace")[-20000:])
+    for cell, path in zip(cells, outputs):
+        if cell.digest in done:
+            continue
         else:
             status = "timeout" if code is None else "error"
             write_rows(path, [status_row(cell, status, f"no result from the CP process group ({why}); log: "
@@ -206,6 +237,7 @@ def run_cp_cells(cells: list[Cell], outputs: list[str], workdir: Path, launcher:
 
 
 def run_chunk(spec_path: str, outputs: list[str], results_dir: str = "results", launcher: str = "auto") -> int:
+    signal.signal(signal.SIGTERM, _on_term)
     spec = load_spec(spec_path)
     by_path = {os.path.normpath(c.output(results_dir)): c for c in expand(spec)}
     wanted = []

@@ -6,8 +6,6 @@ import os
 import tempfile
 from pathlib import Path
 
-import duckdb
-
 
 def aggregate(files: list[str], out: str | Path) -> int:
     """Union every cell file (by column name) into one Parquet file, written atomically.
@@ -16,6 +14,8 @@ def aggregate(files: list[str], out: str | Path) -> int:
     left the spec never leak into its report. Returns the row count.
     """
     from longca.store.read import damage
+
+    import duckdb
 
     bad = [why for f in files if (why := damage(f))]
     if bad:
