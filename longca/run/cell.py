@@ -244,9 +244,17 @@ def _measure_sample(cell: Cell, device: torch.device, sample: int, check: dict[s
             timing = timer.time(lambda: prepared.call(q, k, v), warmup=rep["warmup"], iters=rep["iters"],
                                 min_iters=rep.get("min_iters", 1), budget_s=rep["budget_s"])
     elif cell.pass_ == "bwd":
-        out = prepared.call(q, k, v)
-        timing = timer.time(lambda: out.backward(do, retain_graph=True), warmup=rep["warmup"], iters=rep["iters"],
-                            min_iters=rep.get("min_iters", 1), budget_s=rep["budget_s"], before=clear_grads)
+        # Backward alone: a fresh (untimed) forward before each iteration, then the timed backward.
+        # Re-running backward on one retained graph is refused by compiled kernels with donated
+        # buffers (FlexAttention on torch 2.11) and would time a different graph state.
+        saved: dict[str, torch.Tensor] = {}
+
+        def fresh_forward():
+            clear_grads()
+            saved["out"] = prepared.call(q, k, v)
+
+        timing = timer.time(lambda: saved["out"].backward(do), warmup=rep["warmup"], iters=rep["iters"],
+                            min_iters=rep.get("min_iters", 1), budget_s=rep["budget_s"], before=fresh_forward)
     else:
         timing = timer.time(lambda: prepared.call(q, k, v).backward(do), warmup=rep["warmup"], iters=rep["iters"],
                             min_iters=rep.get("min_iters", 1), budget_s=rep["budget_s"], before=clear_grads)
