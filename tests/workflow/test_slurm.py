@@ -46,6 +46,21 @@ seqlens: [256]
 sweeps: [{name: a}, {name: b}]
 """
 
+# A CUDA spec: a single-device cell job and a 2-process CP job, with no cell the planner
+# already knows to be unsupported (so every cell job must ask SLURM for GPUs).
+GPU_SPEC = """
+name: gpu
+device: cuda
+heads: ["4:2"]
+head_dims: [64]
+dtypes: [bfloat16]
+passes: [fwd]
+batch: [1]
+sweeps:
+  - {name: dense, kernels: [sdpa_math], masks: [causal], seqlens: [1024]}
+  - {name: cp, kernels: [naive], masks: [causal], seqlens: [1024], cp: {mechanisms: [ring_p2p], world_sizes: [2]}}
+"""
+
 
 def _slurm_problem() -> str | None:
     """Why SLURM cannot run jobs here, or None when a node is ready."""
@@ -73,13 +88,13 @@ def slurm() -> None:
         pytest.skip(problem)
 
 
-def _workspace(dest: Path, spec_text: str | None = None) -> Path:
+def _workspace(dest: Path, **specs: str) -> Path:
     """A copy of the workflow, so runs never touch the repository's results/ and reports/."""
     dest.mkdir(parents=True)
     copy_workflow(dest)
     shutil.copy(ROOT / "specs" / "default.yaml", dest / "specs" / "default.yaml")
-    if spec_text:
-        (dest / "specs" / "cancel.yaml").write_text(spec_text)
+    for name, text in specs.items():
+        (dest / "specs" / f"{name}.yaml").write_text(text)
     return dest
 
 
@@ -215,7 +230,7 @@ def test_default_spec_through_slurm_matches_a_local_run(slurm, tmp_path):
 
 
 def test_cancelled_job_then_rerun_completes_only_what_is_missing(slurm, tmp_path):
-    ws = _workspace(tmp_path / "slurm", CANCEL_SPEC)
+    ws = _workspace(tmp_path / "slurm", cancel=CANCEL_SPEC)
     log_path = tmp_path / "first.log"
     with open(log_path, "w") as log:
         first = subprocess.Popen(_cmd("specs/cancel.yaml"), cwd=ws, stdout=log, stderr=subprocess.STDOUT,
@@ -251,6 +266,8 @@ def test_cancelled_job_then_rerun_completes_only_what_is_missing(slurm, tmp_path
 
     second = _run(ws, _cmd("specs/cancel.yaml"), tmp_path / "second.log")
     assert second.returncode == 0, _log(second)
+    assert "has been submitted with SLURM jobid" in second.stdout, _log(second)
+    assert not re.search(r"^\s*localrule cells_", second.stdout, re.M)
     ran = jobs_run(second)
     assert sorted(r for r in ran if not r.startswith("cells_")) == ["aggregate", "all", "report"], ran
     assert [r.split("_")[1] for r in ran if r.startswith("cells_")] == [cancelled_sweep], ran
@@ -265,3 +282,42 @@ def test_cancelled_job_then_rerun_completes_only_what_is_missing(slurm, tmp_path
     _no_duplicates(table)
     assert len(set(table.column("cell_id").to_pylist())) == len(after)
     assert set(table.column("status").to_pylist()) <= {"ok", "unsupported"}
+
+
+def _sbatch_geometry(call: str) -> tuple[int, int]:
+    """(GPUs, tasks) that an sbatch command line asks for."""
+    gpus = re.search(r"--gpus[= ](?:\w+:)?(\d+)", call)
+    per_gpu = re.search(r"--ntasks-per-gpu[= ](\d+)", call)
+    ntasks = re.search(r"--ntasks[= ](\d+)", call)
+    n_gpus = int(gpus.group(1)) if gpus else 0
+    if per_gpu:
+        return n_gpus, n_gpus * int(per_gpu.group(1))
+    return n_gpus, int(ntasks.group(1)) if ntasks else 1
+
+
+def test_cuda_cell_jobs_ask_slurm_for_one_gpu_per_process(slurm, tmp_path):
+    """GPU scheduling cannot run here (no GPU, so no GRES); the real sbatch still judges the
+    request: it must reject every cell job of a CUDA spec for asking for GPUs the cluster lacks,
+    one per process. A job it accepts asked for none."""
+    ws = _workspace(tmp_path / "slurm", gpu=GPU_SPEC)
+    log_path = tmp_path / "gpu.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(_cmd("specs/gpu.yaml"), cwd=ws, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            while proc.poll() is None and not _jobs(ws):
+                time.sleep(1)
+            accepted = _jobs(ws)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            _cancel_leftovers(ws)
+    text = log_path.read_text()
+    assert not accepted, f"SLURM accepted cell jobs of a CUDA spec that ask for no GPU: {accepted}"
+    assert proc.returncode != 0
+    calls = dict(re.findall(r"Error in rule (cells_\w+):.*?sbatch call:\s*(sbatch [^\n]+)", text, re.S))
+    assert calls, text[-4000:]
+    assert "Invalid generic resource" in text, text[-4000:]
+    geometry = {rule.split("_")[1]: _sbatch_geometry(call) for rule, call in calls.items()}
+    assert geometry == {"dense": (1, 1), "cp": (2, 2)}, calls
