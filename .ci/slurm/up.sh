@@ -15,7 +15,8 @@ fi
 
 # Already up (a second call, or a developer machine that ran it before): nothing to do.
 if [ -f "$STATE/slurmctld.pid" ] && kill -0 "$(cat "$STATE/slurmctld.pid")" 2>/dev/null \
-   && timeout 10 sinfo -h -o %t 2>/dev/null | grep -qx idle; then
+   && [ -f "$STATE/slurmd.pid" ] && kill -0 "$(cat "$STATE/slurmd.pid")" 2>/dev/null \
+   && timeout 10 sinfo -h >/dev/null 2>&1; then
   echo "slurm/up: already running: $(sinfo -h -o '%P %D %c %m %t' | head -1)"
   exit 0
 fi
