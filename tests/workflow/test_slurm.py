@@ -134,8 +134,8 @@ def _watch(ws: Path, proc: subprocess.Popen) -> None:
             proc.wait()
             _cancel_leftovers(ws)
             info = subprocess.run(["sinfo", "-h", "-o", "%c CPUs, %m MB"], capture_output=True, text=True).stdout
-            pytest.fail(f"SLURM job {jid} ({comment}) can never start: it asks for {cpus} CPUs; "
-                        f"the node has {info.strip()}")
+            pytest.fail(f"SLURM job {jid} ({comment}) can never start: it asks for {cpus} CPUs (or more "
+                        f"memory or time than the partition allows); the node has {info.strip()}")
 
 
 def _run(ws: Path, cmd: list[str], log_path: Path) -> subprocess.CompletedProcess:
@@ -180,7 +180,7 @@ def _no_duplicates(table) -> None:
 def test_default_spec_through_slurm_matches_a_local_run(slurm, tmp_path):
     local = _workspace(tmp_path / "local")
     remote = _workspace(tmp_path / "slurm")
-    # The local reference runs alongside: the work is mostly start-up latency, not CPU.
+    # The local reference runs alongside, overlapping the SLURM run's start-up and polling waits.
     with open(tmp_path / "local.log", "w") as log:
         ref = subprocess.Popen(["timeout", "-s", "KILL", str(LIMIT_S), sys.executable, "-m", "snakemake",
                                 "--cores", "2", "--config", "spec=specs/default.yaml"],
