@@ -9,6 +9,7 @@ alone, and a new axis value runs only its new cells.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import sys
 from dataclasses import dataclass, field
@@ -57,7 +58,12 @@ def missing_cells(cells: list[Cell], results_dir: str | Path, warn=None) -> list
             continue
         why = damage(path)
         if why:
-            (warn or (lambda m: print(m, file=sys.stderr)))(f"longca: damaged result, cell will rerun: {why}")
+            # Moved aside (kept for inspection, ignored by readers): Snakemake reruns a job only
+            # when its output is missing, and a damaged file must never be read as a result.
+            aside = path.with_name(path.name + ".damaged")
+            os.replace(path, aside)
+            (warn or (lambda m: print(m, file=sys.stderr)))(
+                f"longca: damaged result, cell will rerun: {why} (moved to {aside.name})")
             out.append(cell)
     return out
 

@@ -6,11 +6,15 @@ and the browser test all look at the same pages.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from report_rows import HOSTILE, synthetic_table
+
+sys.path.insert(0, str(Path(__file__).parent))  # sibling helper modules (pytest runs in importlib mode)
+
+from report_rows import HOSTILE, synthetic_table  # noqa: E402
 
 from longca.cli import main
 

@@ -12,7 +12,7 @@ for _job in JOBS:
             f"{RESULTS}/{SPEC.name}/logs/{_job.name}.log",
         threads: _job.threads
         resources:
-            gpus=_job.gpus,
+            gpu=_job.gpus,  # the SLURM plugin turns this into --gpus=N (0: none)
             tasks=_job.tasks,
             runtime=_job.runtime_min,
             mem_mb=_job.mem_mb,
