@@ -23,7 +23,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 from longca.run.cell import planned_unsupported, status_row
 from longca.spec.cells import Cell, expand
