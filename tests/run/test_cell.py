@@ -80,3 +80,12 @@ def test_exception_and_oom_become_rows(plugin_env):
     rows = {c.kernel: run_cell(c)[0] for c in expand(spec("[test_raise, test_oom]", masks="[full]"))}
     assert rows["test_raise"]["status"] == "error" and "deliberate failure" in rows["test_raise"]["reason"]
     assert rows["test_oom"]["status"] == "oom"
+
+
+def test_block_sparse_cells_record_their_blocks():
+    s = spec("[sdpa_math]", masks="[{name: block_sparse, block: 32, density: 0.5, score: importance}]")
+    (row,) = run_cell(expand(s)[0])
+    assert row["status"] == "ok", row["reason"]
+    assert (row["block_size"], row["score_source"], row["variable_blocks"]) == (32, "importance", False)
+    # Kept area is whole 32 x 32 blocks; half of the 6 x 6 block grid per head, exactly.
+    assert row["mask_area"] == 18 * 32 * 32 and row["density"] == 0.5
