@@ -10,6 +10,13 @@ min_version("9.0")
 include: "workflow/rules/common.smk"
 
 
+# Cheap, GPU-less steps run where Snakemake runs, not as cluster jobs.
+localrules:
+    all,
+    aggregate,
+    report,
+
+
 rule all:
     input:
         CELL_OUTPUTS,

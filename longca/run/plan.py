@@ -70,11 +70,17 @@ def missing_cells(cells: list[Cell], results_dir: str | Path, warn=None) -> list
 
 def plan_jobs(spec: Spec, results_dir: str | Path = "results", *, only_missing: bool = True,
               chunk_size: int | None = None, warn=None) -> tuple[list[Cell], list[Job]]:
+    """Chunks of cells and, per chunk, the outputs still to produce.
+
+    Chunk membership comes from the whole spec (cells in plan order, per sweep and kind), never
+    from what is missing: under a cluster executor every job re-reads the Snakefile when it
+    starts, while other chunks are half written, and must find its rule under the same name.
+    """
     cells = expand(spec)
-    todo = missing_cells(cells, results_dir, warn) if only_missing else cells
+    todo = {c.digest for c in (missing_cells(cells, results_dir, warn) if only_missing else cells)}
     sweeps = {sw.name: sw for sw in spec.sweeps}
     groups: dict[tuple, list[Cell]] = {}
-    for cell in todo:
+    for cell in cells:
         kind = _kind(cell)
         key = (cell.sweep, kind, cell.world_size if kind == "cp" else 1)
         groups.setdefault(key, []).append(cell)
@@ -85,16 +91,19 @@ def plan_jobs(spec: Spec, results_dir: str | Path = "results", *, only_missing: 
             size = max(size, 1000)  # no device work: one cheap job
         for i in range(0, len(members), size):
             chunk = members[i:i + size]
-            outputs = [c.output(results_dir) for c in chunk]
-            digest = hashlib.sha256("\n".join(outputs).encode()).hexdigest()[:10]
+            digest = hashlib.sha256("\n".join(c.digest for c in chunk).encode()).hexdigest()[:10]
+            pending = [c for c in chunk if c.digest in todo]
+            if not pending:
+                continue
+            outputs = [c.output(results_dir) for c in pending]
             name = re.sub(r"[^A-Za-z0-9_]", "_", f"cells_{sweep}_{kind}_{digest}")
             on_gpu = spec.device == "cuda" and kind != "planned"
             jobs.append(Job(
-                name=name, kind=kind, cells=chunk, outputs=outputs,
+                name=name, kind=kind, cells=pending, outputs=outputs,
                 gpus=(world if kind == "cp" else 1) if on_gpu else 0,
                 tasks=world if kind == "cp" else 1,
                 threads=world if kind == "cp" else 1,
-                runtime_min=_estimate_minutes(chunk) if kind != "planned" else 5,
+                runtime_min=_estimate_minutes(pending) if kind != "planned" else 5,
                 mem_mb=16000 if on_gpu else 4000,
             ))
     return cells, jobs
