@@ -45,11 +45,33 @@ def _plan_iters(first_ms: float, iters: int, min_iters: int, budget_s: float) ->
 
 
 class Timer:
+    """Warm-up, then timed iterations capped by count and budget; subclasses time one call."""
+
     name = "abstract"
+    l2_flush = False
+
+    def _time_one(self, fn: Callable[[], object]) -> float:
+        raise NotImplementedError
+
+    def _after_warmup(self) -> None:
+        pass
 
     def time(self, fn: Callable[[], object], *, warmup: int, iters: int, min_iters: int = 1,
              budget_s: float = 10.0, before: Callable[[], None] | None = None) -> Timing:
-        raise NotImplementedError
+        for _ in range(warmup):
+            if before:
+                before()
+            fn()
+        self._after_warmup()
+        samples: list[float] = []
+        n = iters
+        while len(samples) < n:
+            if before:
+                before()
+            samples.append(self._time_one(fn))
+            if len(samples) == 1:
+                n = _plan_iters(samples[0], iters, min_iters, budget_s)
+        return Timing(samples, warmup, len(samples), self.name, self.l2_flush, kernel_s=sum(samples) / 1000.0)
 
 
 class CpuTimer(Timer):
@@ -57,24 +79,10 @@ class CpuTimer(Timer):
 
     name = "cpu_monotonic"
 
-    def time(self, fn, *, warmup, iters, min_iters=1, budget_s=10.0, before=None):
-        for _ in range(warmup):
-            if before:
-                before()
-            fn()
-        samples: list[float] = []
-        n = iters
-        i = 0
-        while i < n:
-            if before:
-                before()
-            t0 = time.perf_counter()
-            fn()
-            samples.append((time.perf_counter() - t0) * 1000.0)
-            if i == 0:
-                n = _plan_iters(samples[0], iters, min_iters, budget_s)
-            i += 1
-        return Timing(samples, warmup, len(samples), self.name, False, kernel_s=sum(samples) / 1000.0)
+    def _time_one(self, fn):
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1000.0
 
 
 _flush_buffers: dict[str, torch.Tensor] = {}
@@ -98,32 +106,19 @@ class CudaTimer(Timer):
         self.l2_flush = l2_flush
         self._flush = _flush_buffer(self.device) if l2_flush else None
 
-    def time(self, fn, *, warmup, iters, min_iters=1, budget_s=10.0, before=None):
-        for _ in range(warmup):
-            if before:
-                before()
-            fn()
+    def _after_warmup(self) -> None:
         torch.cuda.synchronize(self.device)
-        samples: list[float] = []
-        n = iters
-        i = 0
-        while i < n:
-            if before:
-                before()
-            if self._flush is not None:
-                self._flush.zero_()
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            samples.append(float(start.elapsed_time(end)))
-            if i == 0:
-                n = _plan_iters(samples[0], iters, min_iters, budget_s)
-            i += 1
-        return Timing(samples, warmup, len(samples), self.name, self._flush is not None,
-                      kernel_s=sum(samples) / 1000.0)
+
+    def _time_one(self, fn):
+        if self._flush is not None:
+            self._flush.zero_()
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return float(start.elapsed_time(end))
 
 
 def timer_for(device: torch.device, l2_flush: bool = True) -> Timer:

@@ -1,0 +1,24 @@
+"""The timer protocol: warm-up count, timed iterations capped by count and by budget."""
+
+import time
+
+from longca.measure.timer import CpuTimer
+
+
+def test_counts_are_recorded_and_capped_by_iters():
+    calls = []
+    t = CpuTimer().time(lambda: calls.append(1), warmup=3, iters=7, min_iters=1, budget_s=100.0)
+    assert (t.warmup_iters, t.timed_iters, len(calls)) == (3, 7, 10)
+    assert len(t.samples_ms) == 7 and t.p20_ms <= t.median_ms <= t.p80_ms
+
+
+def test_budget_caps_slow_calls_but_not_below_min_iters():
+    # Each call takes >= 20 ms and the budget is 10 ms: only min_iters timed iterations run.
+    t = CpuTimer().time(lambda: time.sleep(0.02), warmup=0, iters=50, min_iters=2, budget_s=0.01)
+    assert t.timed_iters == 2
+
+
+def test_before_runs_outside_the_timed_call():
+    order = []
+    CpuTimer().time(lambda: order.append("call"), warmup=1, iters=2, before=lambda: order.append("before"))
+    assert order == ["before", "call"] * 3
