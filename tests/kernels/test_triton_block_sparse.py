@@ -26,6 +26,8 @@ if not ON_GPU:
 DEVICE = "cuda" if ON_GPU else "cpu"
 DTYPE = torch.float16 if ON_GPU else torch.float32
 TOL = 2e-2 if ON_GPU else 1e-4
+if os.environ.get("LONGCA_REQUIRE_TRITON") == "1" and not package_available("triton"):
+    raise RuntimeError("LONGCA_REQUIRE_TRITON=1 (CI) but triton is not importable: the kernel tests would skip")
 needs_triton = pytest.mark.skipif(not package_available("triton"), reason="triton is not importable")
 SMALL = KernelConfig(TileConfig(32, 16), TileConfig(16, 32), TileConfig(32, 16))
 
