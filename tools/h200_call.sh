@@ -4,8 +4,10 @@
 # Results land under results/ exactly as a Snakemake run would write them, so a later call (or a
 # Snakemake run) only adds the missing cells.
 #   usage: tools/h200_call.sh OUTDIR STAGE [LIMIT_S]
-#   stages: dense (the specs/h200.yaml sweep, one process per GPU), first (GPU checks, then dense),
-#           extra (sparse and linear benchmarks on the last GPU, dense on the others), cp (2-GPU CP)
+#   stages: single (every single-GPU sweep of specs/h200.yaml but sparse and linear, sharded over the
+#           GPUs; RETRY="--retry error" reruns error rows), cp_linear_sparse (specs/h200-cp.yaml on
+#           all GPUs, then the linear sweep on GPU 0 and the sparse sweep on GPU 1; SPLIT_S seconds
+#           are kept for the latter), and the earlier calls' stages: first, dense, extra, cp, final
 set -u
 out=${1:?outdir}; stage=${2:?stage}; limit=${3:-480}
 start=$SECONDS
@@ -32,7 +34,38 @@ dense_shards() {  # $1: first GPU index to use, $2: number of GPUs
   done
 }
 
+# Commands run one after another on one GPU, each stopped (TERM, then KILL 10 s later: the
+# supervisor takes its worker down on TERM) when the call's time is up.
+gpu_seq() {  # $1: GPU index, $2: log name, then one quoted `longca run` argument list per command
+  local g=$1 name=$2; shift 2
+  for args in "$@"; do
+    [ "$(left)" -le 5 ] && break
+    CUDA_VISIBLE_DEVICES=$g timeout -k 10 -s TERM "$(left)" python3 -m longca.cli run $args >> "$logs/$name.log" 2>&1
+  done
+}
+single_gpu_sweeps() {  # both GPUs: the rest of the dense matrix, Flex to 512K, long context, baselines
+  local g n=$ngpu
+  for ((g = 0; g < n; g++)); do
+    gpu_seq "$g" "single-$g" "--spec specs/h200.yaml --sweep dense ${RETRY:-} --shard $g/$n" \
+      "--spec specs/h200.yaml --sweep long --only kernel=flex --shard $g/$n" \
+      "--spec specs/h200.yaml --sweep long --shard $g/$n" \
+      "--spec specs/h200.yaml --sweep dense_baselines --shard $g/$n" &
+  done
+}
+
 case "$stage" in
+  single) single_gpu_sweeps; wait; cleanup ;;
+  cp_linear_sparse)  # CP on both GPUs, then linear attention (GPU 0) and block-sparse (GPU 1)
+    cp_until=$(( limit - ${SPLIT_S:-260} ))
+    for args in "--sweep cp_goal --only seqlen=64K --only seqlen=128K" "--sweep cp_sparse" \
+                "--sweep cp_masks --only seqlen=64K --only seqlen=256K" "--sweep cp_goal" "--sweep cp_masks"; do
+      s=$(( cp_until - (SECONDS - start) )); [ "$s" -le 10 ] && break
+      timeout -k 10 -s TERM "$s" python3 -m longca.cli run --spec specs/h200-cp.yaml $args >> "$logs/cp.log" 2>&1
+      cleanup
+    done
+    gpu_seq 0 linear "--spec specs/h200.yaml --sweep linear" "--spec specs/h200.yaml --sweep linear_softmax" &
+    gpu_seq 1 sparse "--spec specs/h200.yaml --sweep sparse" &
+    wait; cleanup ;;
   first)
     dense_shards 0 $((ngpu > 1 ? ngpu - 1 : 1))
     last=$((ngpu - 1))

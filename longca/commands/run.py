@@ -17,6 +17,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--only", action="append", default=[], metavar="KEY=VALUE",
                    help="only cells with this value (repeatable; repeated keys are alternatives), keys: "
                         "kernel, mask, seqlen, heads, head_dim, dtype, pass, batch, cp_mechanism, world_size")
+    p.add_argument("--retry", action="append", default=[], choices=["error", "timeout", "oom", "incorrect"],
+                   help="also rerun cells whose recorded status is this (repeatable), e.g. after a fix")
     p.add_argument("outputs", nargs="*", help="cell output files to produce (as planned by the Snakefile)")
     p.set_defaults(func=_run)
 
@@ -28,7 +30,7 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.outputs:
         return run_chunk(args.spec, args.outputs, args.results, args.launcher)
-    _, jobs = plan_jobs(load_spec(args.spec), args.results)
+    _, jobs = plan_jobs(load_spec(args.spec), args.results, retry=frozenset(args.retry))
     if args.shard:
         try:
             i, n = (int(x) for x in args.shard.split("/"))

@@ -45,12 +45,21 @@ def _plan_iters(first_ms: float, iters: int, min_iters: int, budget_s: float) ->
 
 
 class Timer:
-    """Warm-up, then timed iterations capped by count and budget; subclasses time one call."""
+    """Warm-up, then timed iterations capped by count and budget; subclasses time one call.
+
+    `_start_one` runs one timed call and returns a handle, `_elapsed_ms` reads it back. The first
+    timed call is read at once (it sets the iteration count from the budget); the rest are only
+    read after the last one was issued, so a GPU timer keeps the device queue full instead of
+    waiting for each call before issuing the next (what triton's do_bench does too).
+    """
 
     name = "abstract"
     l2_flush = False
 
-    def _time_one(self, fn: Callable[[], object]) -> float:
+    def _start_one(self, fn: Callable[[], object]) -> object:
+        raise NotImplementedError
+
+    def _elapsed_ms(self, handle: object) -> float:
         raise NotImplementedError
 
     def _after_warmup(self) -> None:
@@ -63,14 +72,16 @@ class Timer:
                 before()
             fn()
         self._after_warmup()
-        samples: list[float] = []
-        n = iters
-        while len(samples) < n:
+        if before:
+            before()
+        first = self._elapsed_ms(self._start_one(fn))
+        n = _plan_iters(first, iters, min_iters, budget_s)
+        handles = []
+        for _ in range(n - 1):
             if before:
                 before()
-            samples.append(self._time_one(fn))
-            if len(samples) == 1:
-                n = _plan_iters(samples[0], iters, min_iters, budget_s)
+            handles.append(self._start_one(fn))
+        samples = [first] + [self._elapsed_ms(h) for h in handles]
         return Timing(samples, warmup, len(samples), self.name, self.l2_flush, kernel_s=sum(samples) / 1000.0)
 
 
@@ -79,10 +90,13 @@ class CpuTimer(Timer):
 
     name = "cpu_monotonic"
 
-    def _time_one(self, fn):
+    def _start_one(self, fn):
         t0 = time.perf_counter()
         fn()
         return (time.perf_counter() - t0) * 1000.0
+
+    def _elapsed_ms(self, handle):
+        return float(handle)
 
 
 _flush_buffers: dict[str, torch.Tensor] = {}
@@ -109,14 +123,18 @@ class CudaTimer(Timer):
     def _after_warmup(self) -> None:
         torch.cuda.synchronize(self.device)
 
-    def _time_one(self, fn):
+    def _start_one(self, fn):
         if self._flush is not None:
-            self._flush.zero_()
+            self._flush.zero_()  # stream-ordered before the start event: never inside the timing
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
         end.record()
+        return start, end
+
+    def _elapsed_ms(self, handle):
+        start, end = handle
         end.synchronize()
         return float(start.elapsed_time(end))
 

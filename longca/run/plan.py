@@ -15,6 +15,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyarrow.parquet as pq
+
 from longca.spec.cells import Cell, expand
 from longca.spec.load import Spec
 from longca.store.read import damage
@@ -48,13 +50,23 @@ def _estimate_minutes(cells: list[Cell]) -> int:
     return max(5, int(total_s / 60) + 5)
 
 
-def missing_cells(cells: list[Cell], results_dir: str | Path, warn=None) -> list[Cell]:
-    """Cells whose output file is absent or damaged (damaged ones are named through `report`)."""
+def recorded_status(path: str | Path) -> str:
+    """The status of a sound cell file (its first row's)."""
+    return str(pq.read_table(path, columns=["status"]).column("status")[0])
+
+
+def missing_cells(cells: list[Cell], results_dir: str | Path, warn=None,
+                  retry: frozenset[str] = frozenset()) -> list[Cell]:
+    """Cells whose output file is absent or damaged (damaged ones are named through `report`),
+    and, on request, those whose recorded status is in `retry` (e.g. `error` after a fix)."""
     out = []
     for cell in cells:
         path = Path(cell.output(results_dir))
         if not path.exists():
             out.append(cell)
+            continue
+        if retry and not damage(path) and recorded_status(path) in retry:
+            out.append(cell)  # the new row replaces the file atomically when the cell finishes
             continue
         why = damage(path)
         if why:
@@ -69,7 +81,8 @@ def missing_cells(cells: list[Cell], results_dir: str | Path, warn=None) -> list
 
 
 def plan_jobs(spec: Spec, results_dir: str | Path = "results", *, only_missing: bool = True,
-              chunk_size: int | None = None, warn=None) -> tuple[list[Cell], list[Job]]:
+              chunk_size: int | None = None, warn=None,
+              retry: frozenset[str] = frozenset()) -> tuple[list[Cell], list[Job]]:
     """Chunks of cells and, per chunk, the outputs still to produce.
 
     Chunk membership comes from the whole spec (cells in plan order, per sweep and kind), never
@@ -77,7 +90,7 @@ def plan_jobs(spec: Spec, results_dir: str | Path = "results", *, only_missing: 
     starts, while other chunks are half written, and must find its rule under the same name.
     """
     cells = expand(spec)
-    todo = {c.digest for c in (missing_cells(cells, results_dir, warn) if only_missing else cells)}
+    todo = {c.digest for c in (missing_cells(cells, results_dir, warn, retry) if only_missing else cells)}
     sweeps = {sw.name: sw for sw in spec.sweeps}
     groups: dict[tuple, list[Cell]] = {}
     for cell in cells:

@@ -45,7 +45,7 @@ DEFAULTS: dict[str, Any] = {
     "passes": ["fwd", "bwd"],
 }
 AXES = ("kernels", "masks", "seqlens", "heads", "head_dims", "dtypes", "passes", "batch")
-INHERITED = AXES + ("repeat", "timeout_s", "chunk_size")
+INHERITED = AXES + ("repeat", "timeout_s", "chunk_size", "mask_samples")
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,7 @@ class Sweep:
     timeout_s: float
     chunk_size: int
     exclude: tuple[dict[str, Any], ...] = ()
+    mask_samples: dict[str, int] | None = None  # the spec's, unless the sweep sets its own
     cp: dict[str, Any] | None = None
 
 
@@ -205,6 +206,7 @@ def _build(raw: dict, text: str, path: str) -> Spec:
             chunk_size=int(merged["chunk_size"]),
             exclude=tuple(sw.get("exclude", ())),
             cp=dict(sw["cp"]) if "cp" in sw else None,
+            mask_samples=dict(merged["mask_samples"]),
         ))
     return Spec(
         name=raw["name"], description=top["description"], device=top["device"], seed=int(top["seed"]),

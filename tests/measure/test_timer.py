@@ -22,3 +22,26 @@ def test_before_runs_outside_the_timed_call():
     order = []
     CpuTimer().time(lambda: order.append("call"), warmup=1, iters=2, before=lambda: order.append("before"))
     assert order == ["before", "call"] * 3
+
+
+class _CountingTimer(CpuTimer):
+    """Records when handles are issued and read, to check the deferred read-back."""
+
+    def __init__(self):
+        self.events = []
+
+    def _start_one(self, fn):
+        self.events.append("start")
+        return super()._start_one(fn)
+
+    def _elapsed_ms(self, handle):
+        self.events.append("read")
+        return super()._elapsed_ms(handle)
+
+
+def test_first_sample_is_read_at_once_the_rest_after_the_last_call():
+    t = _CountingTimer()
+    timing = t.time(lambda: None, warmup=0, iters=4, budget_s=100.0)
+    # The first read sets the count from the budget; later calls are all issued before any read.
+    assert t.events == ["start", "read", "start", "start", "start", "read", "read", "read"]
+    assert timing.timed_iters == 4

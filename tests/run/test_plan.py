@@ -28,3 +28,16 @@ def test_finished_chunks_disappear_and_gpus_follow_the_plan(tmp_path):
     cuda = load_spec("specs/h200-cp.yaml")
     _, cp_jobs = plan_jobs(cuda, tmp_path)
     assert {(j.kind, j.gpus, j.tasks) for j in cp_jobs} == {("cp", 2, 2)}
+
+
+def test_retry_replans_only_cells_with_the_named_status(tmp_path):
+    spec = load_spec("specs/default.yaml")
+    _, jobs = plan_jobs(spec, tmp_path, chunk_size=1000)
+    job = next(j for j in jobs if j.kind == "device")
+    for k, (cell, out) in enumerate(zip(job.cells, job.outputs)):
+        write_rows(out, [status_row(cell, "error" if k == 2 else "ok", "test")])
+    again = [o for j in plan_jobs(spec, tmp_path)[1] for o in j.outputs]
+    assert job.outputs[2] not in again
+    retried = [o for j in plan_jobs(spec, tmp_path, retry=frozenset({"error"}))[1] for o in j.outputs]
+    assert set(retried) - set(again) == {job.outputs[2]}
+    assert plan_jobs(spec, tmp_path, retry=frozenset({"timeout"}))[1] == plan_jobs(spec, tmp_path)[1]
