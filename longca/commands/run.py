@@ -41,12 +41,24 @@ def _run(args: argparse.Namespace) -> int:
         jobs = [j for j in jobs if j.cells[0].sweep in args.sweep]
     keep = _filter(args.only)
     for job in jobs:
-        outputs = [o for c, o in zip(job.cells, job.outputs) if keep(c)]
+        pairs = [(c, o) for c, o in zip(job.cells, job.outputs) if keep(c)]
         if args.shard:
-            outputs = [o for k, o in enumerate(outputs) if k % n == i]
+            # Whole configurations per shard: the passes and samples of one kernel x mask x shape
+            # share one correctness check and one compilation in their process.
+            pairs = [(c, o) for c, o in pairs if _config_index(c) % n == i]
+        outputs = [o for _, o in pairs]
         if outputs:
             run_chunk(args.spec, outputs, args.results, args.launcher)
     return 0
+
+
+def _config_index(cell) -> int:
+    """A stable number for the cell's configuration (everything but the pass)."""
+    import hashlib
+
+    key = f"{cell.sweep}|{cell.kernel}|{cell.mask_variant}|{cell.mask}|{cell.heads_q}:{cell.heads_kv}|{cell.head_dim}|" \
+          f"{cell.dtype}|{cell.batch}|{cell.seqlen}"
+    return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16)
 
 
 def _filter(only: list[str]):

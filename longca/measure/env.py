@@ -93,13 +93,21 @@ def environment(device_type: str) -> dict[str, Any]:
     return facts
 
 
+@functools.lru_cache(maxsize=None)
+def _nvml_handle(index: int):
+    """NVML initialised once per process (nvmlInit costs tens of milliseconds per call)."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    return pynvml.nvmlDeviceGetHandleByIndex(index)
+
+
 def gpu_clock_state() -> dict[str, Any]:
     """SM clock (MHz) and active throttle reasons, where NVML is available."""
     try:
         import pynvml
 
-        pynvml.nvmlInit()
-        h = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+        h = _nvml_handle(torch.cuda.current_device())
         clock = pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)
         reasons = pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(h)
         return {"clock_mhz": int(clock), "throttle": hex(int(reasons))}

@@ -7,13 +7,22 @@ import math
 import numpy as np
 import torch
 
+from longca.masks import slices as sl
 from longca.masks.mask import Mask
 
 
 def dense_mask_tensor(mask: Mask, device: torch.device) -> torch.Tensor:
-    """(1 | Hkv, Sq, Sk) boolean tensor of the mask (small S only)."""
-    dense = torch.from_numpy(np.ascontiguousarray(mask.dense())).to(device)
-    return dense if dense.dim() == 3 else dense.unsqueeze(0)
+    """(1 | Hkv, Sq, Sk) boolean tensor of the mask, built on `device` (equal to `mask.dense()`)."""
+    device = torch.device(device)
+    if mask.blocks is not None:
+        b = mask.blocks
+        kept = torch.as_tensor(np.ascontiguousarray(b.kept), device=device)
+        rq = torch.as_tensor(np.diff(b.q_bounds), device=device)
+        rk = torch.as_tensor(np.diff(b.k_bounds), device=device)
+        return kept.repeat_interleave(rq, dim=1).repeat_interleave(rk, dim=2)
+    if mask.head_slices is not None:
+        return torch.stack([sl.to_dense_tensor(s, mask.seqlen_q, mask.seqlen_k, device) for s in mask.head_slices])
+    return sl.to_dense_tensor(mask.slices, mask.seqlen_q, mask.seqlen_k, device).unsqueeze(0)
 
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dense: torch.Tensor,

@@ -29,6 +29,9 @@ def main(argv: list[str]) -> int:
     from longca.spec.cells import Cell
     from longca.store.write import write_rows
 
+    # FlashAttention-4 compiles each configuration on first use; its on-disk cache lets every
+    # later chunk process load the kernel instead of compiling it again (seconds per configuration).
+    os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
     load_all()  # includes LONGCA_PLUGINS
     kernel_s = 0.0
     t0 = time.perf_counter()
