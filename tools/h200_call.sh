@@ -4,7 +4,8 @@
 # Results land under results/ exactly as a Snakemake run would write them, so a later call (or a
 # Snakemake run) only adds the missing cells.
 #   usage: tools/h200_call.sh OUTDIR STAGE [LIMIT_S]
-#   stages: single (every single-GPU sweep of specs/h200.yaml but sparse and linear, sharded over the
+#   stages: linear_sparse_cp (the linear sweep on GPU 0 and the sparse sweep on GPU 1 for SPLIT_S
+#           seconds, then specs/h200-cp.yaml on both GPUs), single (every single-GPU sweep of specs/h200.yaml but sparse and linear, sharded over the
 #           GPUs; RETRY="--retry error" reruns error rows), cp_linear_sparse (specs/h200-cp.yaml on
 #           all GPUs, then the linear sweep on GPU 0 and the sparse sweep on GPU 1; SPLIT_S seconds
 #           are kept for the latter), and the earlier calls' stages: first, dense, extra, cp, final
@@ -36,11 +37,14 @@ dense_shards() {  # $1: first GPU index to use, $2: number of GPUs
 
 # Commands run one after another on one GPU, each stopped (TERM, then KILL 10 s later: the
 # supervisor takes its worker down on TERM) when the call's time is up.
+upto() {  # seconds left before the phase deadline $1 (seconds since the call started), within the call's limit
+  local s=$(( $1 - (SECONDS - start) )) l=$(left); [ "$s" -gt "$l" ] && s=$l; echo $(( s > 0 ? s : 0 ))
+}
 gpu_seq() {  # $1: GPU index, $2: log name, then one quoted `longca run` argument list per command
   local g=$1 name=$2; shift 2
   for args in "$@"; do
-    [ "$(left)" -le 5 ] && break
-    CUDA_VISIBLE_DEVICES=$g timeout -k 10 -s TERM "$(left)" python3 -m longca.cli run $args >> "$logs/$name.log" 2>&1
+    local s; s=$(upto "${PHASE_END:-$limit}"); [ "$s" -le 5 ] && break
+    CUDA_VISIBLE_DEVICES=$g timeout -k 10 -s TERM "$s" python3 -m longca.cli run $args >> "$logs/$name.log" 2>&1
   done
 }
 single_gpu_sweeps() {  # both GPUs: the rest of the dense matrix, Flex to 512K, long context, baselines
@@ -55,6 +59,18 @@ single_gpu_sweeps() {  # both GPUs: the rest of the dense matrix, Flex to 512K, 
 
 case "$stage" in
   single) single_gpu_sweeps; wait; cleanup ;;
+  linear_sparse_cp)  # linear attention (GPU 0) and block-sparse (GPU 1) for SPLIT_S seconds, then CP on both
+    export PHASE_END=${SPLIT_S:-270}
+    gpu_seq 0 linear "--spec specs/h200.yaml --sweep linear" "--spec specs/h200.yaml --sweep linear_softmax" &
+    gpu_seq 1 sparse "--spec specs/h200.yaml --sweep long --only kernel=sdpa_cudnn --only mask=full --only seqlen=64K" \
+      "--spec specs/h200.yaml --sweep sparse" &
+    wait; cleanup
+    for args in "--sweep cp_sparse" "--sweep cp_goal --only seqlen=64K --only seqlen=128K" \
+                "--sweep cp_masks --only seqlen=64K --only seqlen=256K" "--sweep cp_goal" "--sweep cp_masks"; do
+      s=$(( $(left) )); [ "$s" -le 10 ] && break
+      timeout -k 10 -s TERM "$s" python3 -m longca.cli run --spec specs/h200-cp.yaml $args >> "$logs/cp.log" 2>&1
+      cleanup
+    done ;;
   cp_linear_sparse)  # CP on both GPUs, then linear attention (GPU 0) and block-sparse (GPU 1)
     cp_until=$(( limit - ${SPLIT_S:-260} ))
     for args in "--sweep cp_goal --only seqlen=64K --only seqlen=128K" "--sweep cp_sparse" \
