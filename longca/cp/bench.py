@@ -16,6 +16,9 @@ timed at the full length: a barrier before every iteration, each rank timed (CUD
 perf_counter), iteration time = max over ranks. The same iterations are then replayed with
 communication replaced by local no-ops: exposed communication = median iteration time minus
 median communication-free time (noise can make it slightly negative; it is not clipped).
+Block-sparse masks (block_sparse, variable_block_sparse; kept blocks per KV head, random scores)
+run with local kernels that take block lists (naive, flex, triton_block_sparse) on contiguous or
+zigzag sharding; their areas and FLOPs use the mean area per head, as single-device rows do.
 All ranks agree on every failure (an all-reduced status) so one cell's failure never
 desynchronises the next. A failure inside a collective on one rank only can still hang the group;
 the caller treats a cell without an output file as an error.
@@ -103,7 +106,7 @@ def validate_cell(cell: dict, world: int) -> None:
     if missing:
         raise ValueError(f"cell is missing field(s) {missing}")
     choices = {"mechanism": sorted(MECHANISMS), "pass": list(PASSES), "dtype": sorted(DTYPES),
-               "balance": list(BALANCES), "mask": sorted(n for n, p in PATTERNS.items() if p.family != "dynamic")}
+               "balance": list(BALANCES), "mask": sorted(PATTERNS)}
     for key, allowed in choices.items():
         if cell[key] not in allowed:
             raise ValueError(f"cell field {key!r} = {cell[key]!r}; allowed: {allowed}")
@@ -112,6 +115,37 @@ def validate_cell(cell: dict, world: int) -> None:
     for key in ("seqlen", "batch", "heads_q", "heads_kv", "head_dim"):
         if int(cell[key]) < 1:
             raise ValueError(f"cell field {key!r} = {cell[key]!r}; allowed: integers >= 1")
+
+
+def check_block_sparse(cell: dict, kernel) -> None:
+    """Raise Unsupported for block-sparse cells CP cannot run as asked (ValueError for bad params)."""
+    from longca.masks.registry import resolve_params
+
+    if PATTERNS[cell["mask"]].family != "dynamic":
+        return
+    params = resolve_params(cell["mask"], cell.get("mask_params"))
+    if params.get("score") != "random":
+        raise Unsupported(f"mask_params.score={params.get('score')!r}: CP cells draw each rank's inputs "
+                          f"separately, so importance scores of the global inputs do not exist; use score='random'")
+    if not hasattr(kernel, "prepare_blocks"):
+        raise Unsupported(f"local_kernel {kernel.name!r} takes slice masks only; block-sparse masks need "
+                          f"naive, flex or triton_block_sparse")
+    if cell["balance"] == "document":
+        raise Unsupported("balance='document' balances slice masks by row area; a block-sparse mask keeps the "
+                          "same number of key blocks in every query block, so use balance 'contiguous' or 'zigzag'")
+
+
+def _mask(cell: dict, seqlen: int):
+    return build_mask(cell["mask"], seqlen, cell.get("mask_params"), seed=int(cell.get("seed", 0)),
+                      sample=int(cell.get("mask_sample", 0)), heads_kv=int(cell["heads_kv"]))
+
+
+def mask_area_q_heads(mask, heads_q: int) -> int:
+    """Attended (query head, q, k) triples of one batch element: area x Hq for shared masks, the
+    sum over KV heads x the GQA group for per-KV-head masks (exact integers)."""
+    if mask.per_head:
+        return int(mask.area_of_heads().sum()) * (heads_q // mask.heads)
+    return mask.area * heads_q
 
 
 def check_length(cell: dict, world: int, device: str) -> int:
@@ -177,17 +211,17 @@ def _run_pass(pass_: str, q, k, v, dout, plan):
 def correctness(cell: dict, rank: int, world: int, device: torch.device, kernel) -> dict:
     """Relative errors of output (and gradients) against the reference at the check length."""
     s = check_length(cell, world, device.type)
-    mask = build_mask(cell["mask"], s, cell.get("mask_params"), seed=int(cell.get("seed", 0)),
-                      sample=int(cell.get("mask_sample", 0)))
+    mask = _mask(cell, s)
     sharding = make_sharding(cell["balance"], s, world, mask.slices)
     plan = build_plan(cell["mechanism"], cell.get("degrees"), mask.slices, sharding, rank,
-                      int(cell["heads_q"]), int(cell["heads_kv"]), kernel, device)
+                      int(cell["heads_q"]), int(cell["heads_kv"]), kernel, device, blocks=mask.blocks)
     q, k, v, dout = _inputs(cell, s, device, "cpu", int(cell.get("seed", 0)) + 1)
     pos = torch.from_numpy(sharding.positions(rank)).to(device)
     ql, kl, vl = (x[:, :, pos].contiguous().requires_grad_(cell["pass"] != "fwd") for x in (q, k, v))
     out, grads = _run_pass(cell["pass"], ql, kl, vl, dout[:, :, pos].contiguous(), plan)
     ref_dtype = torch.float64 if device.type == "cpu" else torch.float32
-    ref = reference_attention(q, k, v, mask.slices, None if cell["pass"] == "fwd" else dout, ref_dtype,
+    ref = reference_attention(q, k, v, mask if mask.per_head else mask.slices,
+                              None if cell["pass"] == "fwd" else dout, ref_dtype,
                               kv_heads_per_chunk=1)
     mine = [out] + list(grads or [])
     sums = torch.tensor([x for a, r in zip(mine, ref) for x in _sq_norms(a, r[:, :, pos])],
@@ -204,21 +238,21 @@ def measure(cell: dict, rank: int, world: int, device: torch.device, kernel, row
     """Build the full-size plan and inputs, then time the pass (with and without communication)."""
     s = int(cell["seqlen"])
     t0 = time.perf_counter()
-    mask = build_mask(cell["mask"], s, cell.get("mask_params"), seed=int(cell.get("seed", 0)),
-                      sample=int(cell.get("mask_sample", 0)))
+    mask = _mask(cell, s)
     sharding = make_sharding(cell["balance"], s, world, mask.slices)
     row["mask_build_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     comm = Comm()
     plan = build_plan(cell["mechanism"], cell.get("degrees"), mask.slices, sharding, rank,
-                      int(cell["heads_q"]), int(cell["heads_kv"]), kernel, device, comm)
+                      int(cell["heads_q"]), int(cell["heads_kv"]), kernel, device, comm, blocks=mask.blocks)
     plan_s = time.perf_counter() - t0
     b = int(cell["batch"])
+    rank_area = plan.rank_area(b)
     row.update(mask_params=json.dumps(mask.params, sort_keys=True, default=str),
                num_documents=len(mask.documents) if mask.documents else None,
                distribution=mask.params.get("distribution"),
-               mask_area=b * mask.area, density=mask.area / (s * s),
-               rank_area=[b * a for a in plan.rank_areas])
+               mask_area=sum(rank_area), density=mask.density,  # area per head (mean over KV heads)
+               rank_area=rank_area)
     # Random local inputs (timing never runs on zeros); generated on the device, per rank.
     g = torch.Generator(device.type).manual_seed(int(cell.get("seed", 0)) * 1000 + rank)
     dt = DTYPES[cell["dtype"]]
@@ -279,7 +313,7 @@ def measure(cell: dict, rank: int, world: int, device: torch.device, kernel, row
     n_free = min(len(r["free"]) for r in per_rank)
     free_ms = [max(r["free"][i] for r in per_rank) for i in range(n_free)]
     med = _median(it_ms)
-    flops = FLOP_FACTOR[pass_] * 4.0 * b * mask.area * hq * d
+    flops = FLOP_FACTOR[pass_] * 4.0 * b * mask_area_q_heads(mask, hq) * d
     row.update(
         samples_ms=it_ms, median_ms=med, p20_ms=float(np.percentile(it_ms, 20)), p80_ms=float(np.percentile(it_ms, 80)),
         warmup_iters=warmup, timed_iters=n_it, rank_ms=[_median(r["samples"]) for r in per_rank],
@@ -307,7 +341,8 @@ def _base_row(cell: dict, world: int, device: torch.device, kernel_name: str) ->
         "heads_q": cell.get("heads_q"), "heads_kv": cell.get("heads_kv"), "head_dim": cell.get("head_dim"),
         "head_dim_v": cell.get("head_dim"), "dtype": cell.get("dtype"), "layout": "bhsd",
         "mask": cell.get("mask"), "mask_family": pat.family if pat else None,
-        "mask_params": json.dumps(cell.get("mask_params") or {}, sort_keys=True), "mask_form": "slices",
+        "mask_params": json.dumps(cell.get("mask_params") or {}, sort_keys=True),
+        "mask_form": "block_sparse" if pat and pat.family == "dynamic" else "slices",
         "seed": cell.get("seed", 0), "mask_sample": cell.get("mask_sample", 0),
         "world_size": world, "cp_mechanism": cell.get("mechanism"), "cp_degrees": json.dumps(deg, sort_keys=True),
         "cp_balance": cell.get("balance"), "timer": "cuda_events" if device.type == "cuda" else "cpu_monotonic",
@@ -330,6 +365,7 @@ def run_cell(cell: dict, rank: int, world: int, device: torch.device) -> dict:
             check_local(kernel, device.type, cell["dtype"])
             u, _, _ = resolve_degrees(cell["mechanism"], world, cell.get("degrees"))
             kv_replication(int(cell["heads_q"]), int(cell["heads_kv"]), u)
+            check_block_sparse(cell, kernel)
             for length in (int(cell["seqlen"]), check_length(cell, world, device.type)):
                 if length % granule(cell["balance"], world):
                     raise Unsupported(f"seqlen={length} is not a multiple of {granule(cell['balance'], world)}, "

@@ -12,7 +12,13 @@ to this step's keys; D = rowsum(dO * O) is global), as in ring-flash-attention.
 
 Kernels: naive (dense mask, explicit formulas, any device and dtype, small S), flex
 (BlockMask from longca.masks.flex; backward through autograd with the LSE identity), sdpa_flash and
-sdpa_cudnn (CUDA; the sub-mask is cut into FULL and square CAUSAL rectangles, one call each).
+sdpa_cudnn (CUDA; the sub-mask is cut into FULL and square CAUSAL rectangles, one call each),
+triton_block_sparse (block-sparse masks only: longca's Triton kernel over the step's block lists).
+
+Block-sparse masks (different kept blocks per KV head) have no slices; kernels that take them also offer
+    prepare_blocks(layout, heads_q, device) -> SubMask
+with `layout` the step's local BlockLayout (longca.cp.submask.sub_layout) over exactly the KV
+heads the kernel will see (k.shape[1]); heads_q is the local query head count.
 """
 
 from __future__ import annotations
@@ -25,6 +31,9 @@ import numpy as np
 import torch
 
 from longca.masks import slices as sl
+from longca.masks.blocks import BlockLayout
+
+NO_SLICES = np.zeros((0, 5), dtype=np.int64)
 
 
 class Unsupported(ValueError):
@@ -36,8 +45,9 @@ class SubMask:
     slices: np.ndarray
     seqlen_q: int
     seqlen_k: int
-    area: int
-    form: Any = None  # kernel-specific: dense tensor, BlockMask, rectangle list
+    area: int  # attended pairs (summed over the layout's KV heads for a block-sparse step)
+    form: Any = None  # kernel-specific: dense tensor, BlockMask, rectangle list, sparse plan
+    blocks: BlockLayout | None = None  # the step's local block layout (block-sparse masks)
 
     @property
     def empty(self) -> bool:
@@ -56,6 +66,15 @@ class LocalCaps:
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _layout_area(layout: BlockLayout) -> int:
+    return int(layout.area_per_head().sum())
+
+
+def _check_heads(sub: SubMask, k: torch.Tensor) -> None:
+    if sub.blocks is not None and sub.blocks.heads != k.shape[1]:
+        raise ValueError(f"the step's block layout has {sub.blocks.heads} KV heads, the local k has {k.shape[1]}")
 
 
 def _gqa(q: torch.Tensor, k: torch.Tensor) -> int:
@@ -77,6 +96,14 @@ class Naive:
         dense = torch.from_numpy(sl.to_dense(slices, seqlen_q, seqlen_k)).to(device)
         return SubMask(slices, seqlen_q, seqlen_k, sl.area(slices), dense)
 
+    def prepare_blocks(self, layout: BlockLayout, heads_q: int, device: torch.device) -> SubMask:
+        """Dense per-KV-head mask (Hkv, 1, Sq, Sk): broadcasts over the GQA group dimension."""
+        rq, rk = np.diff(layout.q_bounds), np.diff(layout.k_bounds)
+        dense = np.repeat(np.repeat(np.asarray(layout.kept, dtype=bool), rq, axis=1), rk, axis=2)
+        form = torch.from_numpy(np.ascontiguousarray(dense)).to(device).unsqueeze(1)
+        return SubMask(NO_SLICES, int(layout.q_bounds[-1]), int(layout.k_bounds[-1]), _layout_area(layout),
+                       form, layout)
+
     @staticmethod
     def _scores(q, k, sub):
         g = _gqa(q, k)
@@ -87,6 +114,7 @@ class Naive:
         return s, g  # (B, Hkv, G, Sq, Sk)
 
     def fwd(self, q, k, v, sub):
+        _check_heads(sub, k)
         b, hq, sq, d = q.shape
         s, g = self._scores(q, k, sub)
         s = s.masked_fill(~sub.form, float("-inf"))
@@ -96,6 +124,7 @@ class Naive:
         return out.reshape(b, hq, sq, -1), lse.reshape(b, hq, sq)
 
     def bwd(self, dout, q, k, v, out, lse, sub):
+        _check_heads(sub, k)
         b, hq, sq, d = q.shape
         hk = k.shape[1]
         s, g = self._scores(q, k, sub)
@@ -159,6 +188,19 @@ class Flex:
             bm = to_block_mask(Mask("cp_step", seqlen_q, seqlen_k, slices), device=device)
         return SubMask(slices, seqlen_q, seqlen_k, area, bm)
 
+    def prepare_blocks(self, layout: BlockLayout, heads_q: int, device: torch.device) -> SubMask:
+        """BlockMask of the step's block layout, one entry per local query head (FlexAttention
+        indexes a BlockMask by query head; GQA maps query head h to KV head h // group)."""
+        from longca.masks.flex import to_block_mask
+        from longca.masks.mask import Mask
+
+        sq, sk = int(layout.q_bounds[-1]), int(layout.k_bounds[-1])
+        area = _layout_area(layout)
+        bm = None
+        if area:
+            bm = to_block_mask(Mask("cp_step", sq, sk, NO_SLICES, blocks=layout), device=device, heads_q=heads_q)
+        return SubMask(NO_SLICES, sq, sk, area, bm, layout)
+
     def _call(self, q, k, v, sub):
         from torch.nn.attention.flex_attention import AuxRequest
 
@@ -167,6 +209,7 @@ class Flex:
         return out, aux.lse
 
     def fwd(self, q, k, v, sub):
+        _check_heads(sub, k)
         out, lse = self._call(q, k, v, sub)
         a = acc_dtype(q.dtype)
         return out.to(a), lse.to(a)
@@ -288,12 +331,71 @@ class Sdpa:
         return dq, dk, dv
 
 
+# ------------------------------------------------------------------------------ triton sparse
+class TritonBlockSparse:
+    """longca's Triton block-sparse kernel (longca.kernels.triton_sparse) over the step's block
+    lists: the forward visits only the kept blocks of the KV shard held and returns the LSE; the
+    backward takes the global (out, LSE), which the kernel's backward accepts as given (so each
+    step's gradient is its exact share). GQA inside the kernel (no K/V repeat). Index tables are
+    built from the step's BlockLayout on first use per head dim (the warm-up call), cached in the
+    SubMask. Block-sparse masks only. On CPU only under Triton's interpreter (TRITON_INTERPRET=1)."""
+
+    name = "triton_block_sparse"
+    caps = LocalCaps(frozenset({"cpu", "cuda"}), frozenset({"float32", "bfloat16", "float16"}), frozenset(),
+                     "block-sparse masks only; float32 accumulation (no float64); CPU only under TRITON_INTERPRET=1")
+
+    def prepare_check(self, slices: np.ndarray) -> None:
+        raise Unsupported("local_kernel 'triton_block_sparse' takes block-sparse masks (block_sparse, "
+                          "variable_block_sparse), not slice masks (use flex or sdpa_cudnn)")
+
+    def prepare(self, slices, seqlen_q, seqlen_k, device):
+        self.prepare_check(slices)
+
+    def prepare_blocks(self, layout: BlockLayout, heads_q: int, device: torch.device) -> SubMask:
+        import os
+
+        if torch.device(device).type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise Unsupported("local_kernel 'triton_block_sparse' runs on CUDA, or on CPU only under "
+                              "Triton's interpreter (TRITON_INTERPRET=1 set before triton is imported)")
+        return SubMask(NO_SLICES, int(layout.q_bounds[-1]), int(layout.k_bounds[-1]), _layout_area(layout), {},
+                       layout)
+
+    @staticmethod
+    def _plan(sub: SubMask, q: torch.Tensor):
+        key = (q.shape[-1], str(q.device))
+        if key not in sub.form:
+            from longca.kernels.triton_sparse.configs import default_config
+            from longca.kernels.triton_sparse.plan import build_plan
+
+            sub.form[key] = build_plan(sub.blocks, q.device, default_config(q.shape[-1]))
+        return sub.form[key]
+
+    def fwd(self, q, k, v, sub):
+        from longca.kernels.triton_sparse.api import block_sparse_attn_fwd
+
+        _check_heads(sub, k)
+        _gqa(q, k)
+        a = acc_dtype(q.dtype)
+        out, lse = block_sparse_attn_fwd(q, k, v, self._plan(sub, q))
+        return out.to(a), lse.to(a)
+
+    def bwd(self, dout, q, k, v, out, lse, sub):
+        from longca.kernels.triton_sparse.api import block_sparse_attn_bwd
+
+        _check_heads(sub, k)
+        a = acc_dtype(q.dtype)
+        grads = block_sparse_attn_bwd(q, k, v, out.to(q.dtype).contiguous(), lse.float().contiguous(),
+                                      dout.to(q.dtype), self._plan(sub, q))
+        return tuple(g.to(a) for g in grads)
+
+
 LOCAL_KERNELS: dict[str, Callable[[], Any]] = {
     "naive": Naive,
     "flex": Flex,
     "sdpa": lambda: Sdpa("flash"),
     "sdpa_flash": lambda: Sdpa("flash"),
     "sdpa_cudnn": lambda: Sdpa("cudnn"),
+    "triton_block_sparse": TritonBlockSparse,
 }
 
 

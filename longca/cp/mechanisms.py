@@ -14,11 +14,18 @@ Forward: replicate KV heads if needed, all-to-all to head sharding (u > 1), ring
 the ring participants (each participant's tokens = its Ulysses group's tokens), all-to-all back.
 Backward is hand-written in the same order reversed (longca.cp.ring / allgather), never
 autograd through collectives.
+
+Block-sparse masks (kept blocks per KV head, no slices) pass `blocks=` to build_plan: each
+(participant, participant) step gets its local BlockLayout cut from the global block lists
+(longca.cp.submask.sub_layout), restricted to the KV heads this rank holds (all of them for
+rings; its Ulysses share, after KV replication, otherwise), and the local kernel's
+prepare_blocks; steps with no kept block are skipped like empty slice steps.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -26,11 +33,12 @@ import torch
 
 from longca.cp import allgather, ring, ulysses
 from longca.cp.comm import Comm
-from longca.cp.local import SubMask
+from longca.cp.local import SubMask, Unsupported
 from longca.cp.sharding import Sharding
-from longca.cp.submask import layouts_of_groups, sub_mask
+from longca.cp.submask import layout_step_areas, layouts_of_groups, sub_layout, sub_mask
 from longca.cp.topology import Topology
 from longca.masks import slices as sl
+from longca.masks.blocks import BlockLayout
 
 
 @dataclass(frozen=True)
@@ -89,8 +97,29 @@ class Plan:
     subs: list[SubMask]  # this rank's ring participant against every participant
     rep: int  # KV head replication for Ulysses
     comm: Comm
-    rank_areas: list[int]  # attended pairs per head-equivalent, per world rank (one batch element)
-    step_areas: np.ndarray  # (r, r): pairs between ring participants i (queries) and j (keys)
+    # Attended pairs per head-equivalent of each world rank = rank_work[g] / work_den (one batch
+    # element). Shared masks: work_den = 1. Per-KV-head masks: rank_work counts (query head, q, k)
+    # triples the rank computes and work_den = heads_q, so that the ranks sum to the mean area per head.
+    rank_work: list[int]
+    work_den: int
+    step_areas: np.ndarray  # (r, r): pairs between ring participants i (queries) and j (keys),
+    #                         summed over KV heads for per-KV-head masks
+
+    def rank_area(self, batch: int = 1) -> list[int]:
+        """Integer attended area per rank for `batch` elements; rounded so that the ranks add up to
+        round(batch x mean area per head) exactly (no rounding for shared masks)."""
+        out, prev, cum = [], 0, 0
+        for w in self.rank_work:
+            cum += w
+            now = round(Fraction(batch * cum, self.work_den))
+            out.append(int(now - prev))
+            prev = now
+        return out
+
+    @property
+    def rank_areas(self) -> list[int]:
+        """rank_area for one batch element."""
+        return self.rank_area(1)
 
     def attend_fwd(self, q, k, v):
         if self.mechanism.ring_kind == "allgather":
@@ -105,15 +134,20 @@ class Plan:
 
 def build_plan(mechanism: str, degrees: dict[str, int] | None, slices: np.ndarray, sharding: Sharding,
                rank: int, heads_q: int, heads_kv: int, kernel: Any, device: torch.device,
-               comm: Comm | None = None) -> Plan:
+               comm: Comm | None = None, blocks: BlockLayout | None = None) -> Plan:
     """Resolve degrees, create the groups, cut the mask for every (participant, participant) pair
     (on every rank, so support checks agree everywhere) and prepare this rank's sub-masks.
+    `blocks`: the layout of a block-sparse mask (its `slices` are empty and ignored).
     Raises Unsupported (same on every rank) for combinations that cannot run."""
     world = sharding.world_size
     u, r, w = resolve_degrees(mechanism, world, degrees)
     rep = ulysses.kv_replication(heads_q, heads_kv, u)
+    if blocks is not None:  # checked before any group is created
+        _check_blocks(blocks, kernel, sharding, heads_kv)
     topo = Topology.build(world, rank, u, r, w)
     layouts = layouts_of_groups(sharding.intervals, [topo.uly_members(i) for i in range(r)])
+    if blocks is not None:
+        return _block_plan(mechanism, blocks, layouts, topo, rep, heads_q, heads_kv, kernel, device, comm)
     cut = [[sub_mask(slices, layouts[i], layouts[j]) for j in range(r)] for i in range(r)]
     step_areas = np.array([[sl.area(c) for c in row] for row in cut], dtype=np.int64)
     for row in cut:  # kernels that reject some slice kinds say so before anything runs
@@ -127,7 +161,45 @@ def build_plan(mechanism: str, degrees: dict[str, int] | None, slices: np.ndarra
         i, j = divmod(g, u)
         total = int(step_areas[i].sum())
         rank_areas.append(total // u + (1 if j < total % u else 0))
-    return Plan(MECHANISMS[mechanism], topo, kernel, subs, rep, comm or Comm(), rank_areas, step_areas)
+    return Plan(MECHANISMS[mechanism], topo, kernel, subs, rep, comm or Comm(), rank_areas, 1, step_areas)
+
+
+def _check_blocks(blocks: BlockLayout, kernel: Any, sharding: Sharding, heads_kv: int) -> None:
+    if not hasattr(kernel, "prepare_blocks"):
+        raise Unsupported(f"local_kernel {kernel.name!r} takes slice masks only; block-sparse masks need "
+                          f"naive, flex or triton_block_sparse")
+    if blocks.heads != heads_kv:  # never reuse one head's layout for another
+        raise ValueError(f"the block-sparse mask has layouts for {blocks.heads} KV heads but heads_kv={heads_kv}; "
+                         f"build it with heads_kv={heads_kv}")
+    if int(blocks.q_bounds[-1]) != sharding.seqlen or int(blocks.k_bounds[-1]) != sharding.seqlen:
+        raise ValueError(f"the block layout covers {int(blocks.q_bounds[-1])} x {int(blocks.k_bounds[-1])} "
+                         f"tokens but the sharding {sharding.seqlen}")
+
+
+def kv_heads_of_member(heads_kv: int, rep: int, u: int, j: int) -> np.ndarray:
+    """Original KV head of each local KV head of Ulysses member j: KV heads are replicated rep
+    times (repeat_interleave), then member j holds the j-th of u equal chunks."""
+    n = heads_kv * rep // u
+    return np.arange(j * n, (j + 1) * n, dtype=np.int64) // rep
+
+
+def _block_plan(mechanism: str, blocks: BlockLayout, layouts, topo: Topology, rep: int, heads_q: int,
+                heads_kv: int, kernel: Any, device: torch.device, comm: Comm | None) -> Plan:
+    u, r = topo.ulysses, topo.ring
+    areas = layout_step_areas(blocks, layouts)  # (Hkv, r, r) exact, from per-block token counts
+    hq_loc = heads_q // u
+    group_loc = hq_loc // (heads_kv * rep // u)  # local query heads per local KV head
+    mine = kv_heads_of_member(heads_kv, rep, u, topo.uly_index)
+    i = topo.ring_index
+    subs = [kernel.prepare_blocks(sub_layout(blocks, layouts[i], layouts[j], mine), hq_loc, device)
+            for j in range(r)]
+    rank_work = []
+    for g in range(topo.world):
+        ri, j = divmod(g, u)
+        heads = kv_heads_of_member(heads_kv, rep, u, j)
+        rank_work.append(int(group_loc * areas[heads, ri, :].sum()))
+    return Plan(MECHANISMS[mechanism], topo, kernel, subs, rep, comm or Comm(), rank_work, heads_q,
+                areas.sum(axis=0))
 
 
 class _CPAttention(torch.autograd.Function):

@@ -11,22 +11,32 @@ import torch
 from longca.masks import slices as sl
 
 
-def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slices: np.ndarray,
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slices,
                         dout: torch.Tensor | None = None, dtype: torch.dtype = torch.float64,
                         kv_heads_per_chunk: int | None = None):
     """Output (and q/k/v gradients when dout is given) of masked softmax attention.
 
+    `slices`: the mask's slices, or a Mask (per-KV-head masks, e.g. block-sparse, use each KV
+    head's own dense mask for the query heads of its group).
     q (B, Hq, S, D), k/v (B, Hkv, S, D); computed in `dtype`, `kv_heads_per_chunk` KV heads (and
     their query heads) at a time to bound memory. Rows without keys give zeros.
     Returns (out, dq, dk, dv) in `dtype` (gradients None without dout)."""
     hk = k.shape[1]
     step = kv_heads_per_chunk or hk
     g = q.shape[1] // hk
-    mask = torch.from_numpy(sl.to_dense(slices, q.shape[2], k.shape[2])).to(q.device)
+    if hasattr(slices, "dense"):  # a Mask
+        if slices.per_head and slices.heads != hk:
+            raise ValueError(f"the mask has layouts for {slices.heads} KV heads, the inputs {hk}")
+        dense = slices.dense()
+    else:
+        dense = sl.to_dense(slices, q.shape[2], k.shape[2])
+    mask = torch.from_numpy(np.ascontiguousarray(dense)).to(q.device)
     parts = []
     for h0 in range(0, hk, step):
         h1 = min(hk, h0 + step)
-        parts.append(_attention(q[:, h0 * g:h1 * g], k[:, h0:h1], v[:, h0:h1], mask,
+        # A per-KV-head mask (Hkv, S, S) gives each query head its KV head's mask.
+        m = mask[h0:h1].repeat_interleave(g, 0) if mask.dim() == 3 else mask
+        parts.append(_attention(q[:, h0 * g:h1 * g], k[:, h0:h1], v[:, h0:h1], m,
                                 None if dout is None else dout[:, h0 * g:h1 * g], dtype))
     out = torch.cat([p[0] for p in parts], 1)
     if dout is None:

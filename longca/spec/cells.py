@@ -161,14 +161,16 @@ def cp_layouts(mechanism: str, world: int, cp: dict[str, Any]) -> list[tuple[tup
 
 def resolve_balance(balance: str, mask: str) -> str:
     """`auto` sharding: per-document balance for document masks, zigzag for masks whose work
-    grows along the sequence (causal-type), contiguous where every rank has equal work anyway."""
+    grows along the sequence (causal-type), contiguous where every rank has equal work anyway
+    (full, sliding window, and block-sparse masks, which keep the same number of key blocks in
+    every query block: zigzag would only cut more blocks at shard boundaries)."""
     if balance != "auto":
         return balance
     from longca.masks.registry import PATTERNS
 
     if PATTERNS[mask].multi_document:
         return "document"
-    if mask in ("full", "sliding_window"):
+    if mask in ("full", "sliding_window") or PATTERNS[mask].family == "dynamic":
         return "contiguous"
     return "zigzag"
 
