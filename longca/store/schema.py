@@ -64,7 +64,7 @@ _FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("rank_area", pa.list_(pa.int64()), "attended area computed by each rank"),
     ("rank_bytes_sent", pa.list_(pa.int64()), "bytes sent per rank per iteration"),
     ("rank_peak_mem_bytes", pa.list_(pa.int64()), ""),
-    ("comm_exposed_ms", pa.float64(), "communication time not hidden behind compute"),
+    ("comm_exposed_ms", pa.float64(), "communication time not hidden behind compute: median iteration minus median with communication replaced by no-ops (noise can make it slightly negative; not clipped)"),
     # timing
     ("timer", pa.string(), "cuda_events | cpu_monotonic | do_bench"),
     ("warmup_iters", pa.int32(), ""),
