@@ -236,3 +236,16 @@ def test_adapter_call_matches_reference():
     q64, k64, v64, _ = inputs(1, 2, 1, 64, 64, 16, seed=7)
     out = prep.call(*(t.to(DEVICE, DTYPE) for t in (q64, k64, v64)))
     torch.testing.assert_close(out.double().cpu(), reference(q64, k64, v64, layout)[0], atol=TOL, rtol=TOL)
+
+
+@needs_triton
+def test_default_head_dim_128_config_at_block_128():
+    # The shipped D=128 tiles (the H200 sweep's shape) on whole 128-blocks: forward and gradients.
+    from longca.kernels.triton_sparse.configs import default_config
+
+    rng = np.random.default_rng(128)
+    kept = rng.random((1, 2, 2)) < 0.6
+    kept[0, :, 0] = True
+    bounds = np.arange(3) * 128
+    plan, _ = run_and_compare(BlockLayout(bounds, bounds, kept, 128), default_config(128), hq=2, hkv=1, d=128)
+    assert plan.fast_path
