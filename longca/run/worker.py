@@ -32,6 +32,9 @@ def main(argv: list[str]) -> int:
     # FlashAttention-4 compiles each configuration on first use; its on-disk cache lets every
     # later chunk process load the kernel instead of compiling it again (seconds per configuration).
     os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
+    # Triton autotuners (flash-linear-attention's kernels) keep their choices on disk the same way:
+    # the first fla cell on the H200 spent 81-105 s autotuning (NOTES.md, call 6).
+    os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
     load_all()  # includes LONGCA_PLUGINS
     kernel_s = 0.0
     t0 = time.perf_counter()
