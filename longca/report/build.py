@@ -76,7 +76,7 @@ def _support_table(matrix: pl.DataFrame) -> Table:
 def _overview(c: pl.DataFrame, rows: pl.DataFrame, spec_name: str) -> tuple[Page, list[ChartSpec]]:
     page = Page("index.html", "Overview", f"Overview: {spec_name}")
     best = queries.best_kernel(c)
-    frac = queries.fraction_of_full(best)
+    frac = queries.fraction_of_full(best, c)
     matrix = queries.support_matrix(c)
     status_counts = rows.group_by("status").len().sort("status")
     page.p(f"{rows.height} result rows, {c.height} cells; statuses: "

@@ -93,9 +93,12 @@ def _panel(df: pl.DataFrame) -> pl.DataFrame:
     return df.with_columns(panel=expr)
 
 
-def _length_x(field_name: str = "seqlen_q", title: str = "sequence length (tokens)") -> alt.X:
+def _length_x(data: pl.DataFrame, field_name: str = "seqlen_q", title: str = "sequence length (tokens)") -> alt.X:
+    """Log-2 length axis with ticks at the measured lengths (a narrow domain would otherwise get
+    ticks such as 68.36K)."""
+    ticks = sorted({int(v) for v in data.get_column(field_name).drop_nulls()})
     return alt.X(f"{field_name}:Q", title=title, scale=alt.Scale(type="log", base=2),
-                 axis=alt.Axis(labelExpr=LEN_LABEL))
+                 axis=alt.Axis(labelExpr=LEN_LABEL, values=ticks))
 
 
 def _layered_facet(layers: Sequence[tuple[str, pl.DataFrame, Callable[[alt.Chart], alt.Chart]]],
@@ -164,7 +167,7 @@ def mask_metric(mask: str, cells: pl.DataFrame, metric: str, peers: pl.DataFrame
     df = _series(df, "kernel", ["pass", "attn"]).sort("series", "seqlen_q")
     title = "TFLOP/s (exact mask area)" if metric == "tflops" else "peak memory (GiB)"
     y = alt.Y(f"{metric}:Q", title=title)
-    layers = [("measured", df, _lines(_length_x(), y))]
+    layers = [("measured", df, _lines(_length_x(df), y))]
     if metric == "tflops" and not peers.is_empty():
         shown = df.select("mask", "pass", "attn").unique()
         layers += _peer_layers(peers.join(shown, on=["mask", "pass", "attn"], how="semi"), "sequence length (tokens)")
@@ -202,13 +205,14 @@ def fraction_chart(frac: pl.DataFrame) -> ChartSpec | None:
         return None
     df = _panel(frac).sort("mask", "seqlen_q")
     y = alt.Y("fraction:Q", title="best TFLOP/s ÷ best full-mask TFLOP/s", axis=alt.Axis(format="%"))
-    layers = [("measured", df, _lines(_length_x(), y, color="mask"))]
+    layers = [("measured", df, _lines(_length_x(df), y, color="mask"))]
     chart, values = _layered_facet(layers, row="panel", column="pass")
     return ChartSpec(id="overview-fraction", title="Mask efficiency: fraction of the best full-mask throughput",
                      chart=chart, values=values, data=df, machines=queries.machines(df),
                      query="best ok kernel per (mask, pass, length, shape) over the best on mask full",
                      caption="Per mask, the best kernel's TFLOP/s (exact mask-area FLOPs) as a fraction of the "
-                             "best full-mask TFLOP/s at the same pass, length and shape.")
+                             "best full-mask TFLOP/s at the same pass, length and shape; lengths where fewer "
+                             "kernels ran than at the best-covered length are left out.")
 
 
 def support_chart(matrix: pl.DataFrame) -> ChartSpec | None:
@@ -233,7 +237,9 @@ def sparse_chart(cells: pl.DataFrame, peers: pl.DataFrame, x: str) -> ChartSpec 
         return None
     df = cells.with_columns(
         density_label=pl.format("density {}", pl.col("density").round(2)),
-        block_label=pl.format("block {}", pl.col("block_size")),
+        # variable blocks have no single block size: their own panel, never "block null"
+        block_label=pl.when(pl.col("block_size").is_null()).then(pl.lit("variable blocks"))
+        .otherwise(pl.format("block {}", pl.col("block_size"))),
         sparse_kind=pl.when(pl.col("mask") == "variable_block_sparse").then(pl.lit(" variable")).otherwise(pl.lit("")),
     ).with_columns(kernel_label=pl.concat_str([pl.col("kernel"), pl.col("sparse_kind"), pl.lit(" · "),
                                                pl.col("score_source").fill_null("?")]))
@@ -287,7 +293,7 @@ def cp_chart(cells: pl.DataFrame, peers: pl.DataFrame, kind: str) -> ChartSpec |
                                    "GPUs (world size)")
         title, caption = "Per-GPU throughput against world size", "Dashed lines distinguish global sequence lengths."
     elif kind == "length":
-        layers = [("measured", df, _lines(_length_x(title="global sequence length (tokens)"),
+        layers = [("measured", df, _lines(_length_x(df, title="global sequence length (tokens)"),
                                           alt.Y("tflops:Q", title="TFLOP/s per GPU"), dash="world_size"))]
         title, caption = "Per-GPU throughput against length", "Dashed lines distinguish world sizes."
     elif kind == "comm":
@@ -311,7 +317,7 @@ def linear_chart(series: pl.DataFrame, crossovers: pl.DataFrame) -> ChartSpec | 
     if series.is_empty():
         return None
     y = alt.Y("tokens_per_s:Q", title="tokens/s", scale=alt.Scale(type="log"))
-    layers = [("measured", series, _lines(_length_x(), y))]
+    layers = [("measured", series, _lines(_length_x(series), y))]
     marks = crossovers.filter(pl.col("crossover").is_not_null()).with_columns(
         label=pl.format("{} overtakes at {}", pl.col("kernel"), pl.col("crossover")))
     if marks.height:

@@ -80,3 +80,20 @@ def test_records_are_json_safe() -> None:
 def test_slug_keeps_file_names_safe() -> None:
     assert charts.slug("../etc/<x> y") == "etc--x--y"
     assert charts.slug("causal_document") == "causal_document"
+
+
+def test_variable_blocks_get_their_own_named_panel(cells: pl.DataFrame) -> None:
+    # Real variable-block rows carry no block size (the H200 sweep's do): never a "block null" panel.
+    sp = queries.sparse_cells(cells)
+    sp = sp.with_columns(block_size=pl.when(pl.col("mask") == "variable_block_sparse")
+                         .then(pl.lit(None, sp.schema["block_size"])).otherwise(pl.col("block_size")))
+    spec = charts.sparse_chart(sp, peers.for_sparse(peers.load()), "density").spec()
+    labels = {v.get("block_label") for v in _layer(spec, "measured")}
+    assert "variable blocks" in labels and all(label and "null" not in label for label in labels)
+
+
+def test_length_ticks_are_the_measured_lengths(cells: pl.DataFrame) -> None:
+    ch = charts.cp_chart(queries.cp_cells(cells), peers.for_cp(peers.load()), "length")
+    text = str(ch.spec())
+    want = sorted({int(v) for v in queries.cp_cells(cells).get_column("seqlen_q")})
+    assert f"'values': {want}" in text

@@ -67,6 +67,17 @@ def test_best_kernel_and_fraction_of_full() -> None:
     assert frac == {"full": 1.0, "causal": 0.6}
 
 
+def test_fraction_leaves_out_lengths_where_fewer_kernels_ran() -> None:
+    # At 2048 only kernel b ran: its fraction there would compare another kernel set.
+    c = _cells([_row("a", "full", tflops=200.0), _row("b", "full", tflops=150.0),
+                _row("a", "causal", tflops=80.0), _row("b", "causal", tflops=120.0),
+                _row("b", "full", s=2048, tflops=150.0), _row("b", "causal", s=2048, tflops=15.0)])
+    best = queries.best_kernel(c)
+    assert set(queries.fraction_of_full(best).get_column("seqlen_q")) == {1024, 2048}
+    kept = queries.fraction_of_full(best, c)
+    assert set(kept.get_column("seqlen_q")) == {1024}
+
+
 def test_support_matrix_categories() -> None:
     rows = [_row("a", "full"), _row("a", "full", s=2048, status="oom"),
             _row("a", "causal", status="unsupported"), _row("b", "full"), _row("b", "causal", status="error"),
