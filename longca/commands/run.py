@@ -53,11 +53,10 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _config_index(cell) -> int:
-    """A stable number for the cell's configuration (everything but the pass)."""
+    """A stable number for the cell's configuration: its partition without the pass."""
     import hashlib
 
-    key = f"{cell.sweep}|{cell.kernel}|{cell.mask_variant}|{cell.mask}|{cell.heads_q}:{cell.heads_kv}|{cell.head_dim}|" \
-          f"{cell.dtype}|{cell.batch}|{cell.seqlen}"
+    key = "|".join(f"{k}={v}" for k, v in cell.partition if k != "pass")
     return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16)
 
 

@@ -65,18 +65,18 @@ def missing_cells(cells: list[Cell], results_dir: str | Path, warn=None,
         if not path.exists():
             out.append(cell)
             continue
-        if retry and not damage(path) and recorded_status(path) in retry:
-            out.append(cell)  # the new row replaces the file atomically when the cell finishes
-            continue
         why = damage(path)
-        if why:
-            # Moved aside (kept for inspection, ignored by readers): Snakemake reruns a job only
-            # when its output is missing, and a damaged file must never be read as a result.
-            aside = path.with_name(path.name + ".damaged")
-            os.replace(path, aside)
-            (warn or (lambda m: print(m, file=sys.stderr)))(
-                f"longca: damaged result, cell will rerun: {why} (moved to {aside.name})")
-            out.append(cell)
+        if not why:
+            if retry and recorded_status(path) in retry:
+                out.append(cell)  # the new row replaces the file atomically when the cell finishes
+            continue
+        # Moved aside (kept for inspection, ignored by readers): Snakemake reruns a job only
+        # when its output is missing, and a damaged file must never be read as a result.
+        aside = path.with_name(path.name + ".damaged")
+        os.replace(path, aside)
+        (warn or (lambda m: print(m, file=sys.stderr)))(
+            f"longca: damaged result, cell will rerun: {why} (moved to {aside.name})")
+        out.append(cell)
     return out
 
 

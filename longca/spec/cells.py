@@ -111,10 +111,10 @@ class Cell:
         return cls(**d)
 
 
-def _samples(spec: Spec, sw: Sweep, mask: MaskChoice) -> int:
+def _samples(sw: Sweep, mask: MaskChoice) -> int:
     from longca.masks.registry import PATTERNS
 
-    counts = sw.mask_samples or spec.mask_samples
+    counts = sw.mask_samples
     pat = PATTERNS[mask.name]
     if pat.multi_document:
         return int(counts["multi_document"])
@@ -206,7 +206,7 @@ def expand(spec: Spec) -> list[Cell]:
             cells.append(Cell(
                 spec=spec.name, sweep=sw.name, kernel=kernel, mask=mask.name, mask_params=mask.params,
                 seqlen=seqlen, heads_q=hq, heads_kv=hkv, head_dim=d, dtype=dtype, pass_=p, batch=b,
-                device=spec.device, seed=spec.seed, samples=_samples(spec, sw, mask), repeat=repeat, check=check,
+                device=spec.device, seed=spec.seed, samples=_samples(sw, mask), repeat=repeat, check=check,
                 timeout_s=sw.timeout_s, world_size=world, cp_mechanism=mech, cp_degrees=degrees,
                 cp_balance=resolve_balance(balance, mask.name) if mech else None,
                 cp_backend=resolve_backend(backend, spec.device) if mech else None,

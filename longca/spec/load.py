@@ -72,8 +72,8 @@ class Sweep:
     repeat: dict[str, Any]
     timeout_s: float
     chunk_size: int
+    mask_samples: dict[str, int]  # the spec's, unless the sweep sets its own
     exclude: tuple[dict[str, Any], ...] = ()
-    mask_samples: dict[str, int] | None = None  # the spec's, unless the sweep sets its own
     cp: dict[str, Any] | None = None
 
 
