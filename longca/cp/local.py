@@ -93,16 +93,17 @@ class Naive:
                      frozenset(int(k) for k in sl.Kind), "dense mask; O(S^2) memory")
 
     def prepare(self, slices: np.ndarray, seqlen_q: int, seqlen_k: int, device: torch.device) -> SubMask:
-        dense = torch.from_numpy(sl.to_dense(slices, seqlen_q, seqlen_k)).to(device)
+        dense = sl.to_dense_tensor(slices, seqlen_q, seqlen_k, device)
         return SubMask(slices, seqlen_q, seqlen_k, sl.area(slices), dense)
 
     def prepare_blocks(self, layout: BlockLayout, heads_q: int, device: torch.device) -> SubMask:
         """Dense per-KV-head mask (Hkv, 1, Sq, Sk): broadcasts over the GQA group dimension."""
-        rq, rk = np.diff(layout.q_bounds), np.diff(layout.k_bounds)
-        dense = np.repeat(np.repeat(np.asarray(layout.kept, dtype=bool), rq, axis=1), rk, axis=2)
-        form = torch.from_numpy(np.ascontiguousarray(dense)).to(device).unsqueeze(1)
-        return SubMask(NO_SLICES, int(layout.q_bounds[-1]), int(layout.k_bounds[-1]), _layout_area(layout),
-                       form, layout)
+        from longca.masks.mask import Mask
+        from longca.measure.reference import dense_mask_tensor
+
+        sq, sk = int(layout.q_bounds[-1]), int(layout.k_bounds[-1])
+        form = dense_mask_tensor(Mask("cp_step", sq, sk, NO_SLICES, blocks=layout), device).unsqueeze(1)
+        return SubMask(NO_SLICES, sq, sk, _layout_area(layout), form, layout)
 
     @staticmethod
     def _scores(q, k, sub):

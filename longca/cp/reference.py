@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 
 from longca.masks import slices as sl
+from longca.measure.reference import dense_mask_tensor
 
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slices,
@@ -27,10 +27,10 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slice
     if hasattr(slices, "dense"):  # a Mask
         if slices.per_head and slices.heads != hk:
             raise ValueError(f"the mask has layouts for {slices.heads} KV heads, the inputs {hk}")
-        dense = slices.dense()
+        mask = dense_mask_tensor(slices, q.device)
+        mask = mask if slices.per_head else mask[0]
     else:
-        dense = sl.to_dense(slices, q.shape[2], k.shape[2])
-    mask = torch.from_numpy(np.ascontiguousarray(dense)).to(q.device)
+        mask = sl.to_dense_tensor(slices, q.shape[2], k.shape[2], q.device)
     parts = []
     for h0 in range(0, hk, step):
         h1 = min(hk, h0 + step)

@@ -83,18 +83,7 @@ def row_bounds(slice_row: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.nda
 
 def to_dense(slices: np.ndarray, seqlen_q: int, seqlen_k: int) -> np.ndarray:
     """Dense boolean (seqlen_q, seqlen_k) matrix. For tests and small references only."""
-    dense = np.zeros((seqlen_q, seqlen_k), dtype=bool)
-    kk = np.arange(seqlen_k)
-    for row in np.asarray(slices).reshape(-1, 5):
-        q0, q1, k0, k1, kind = (int(x) for x in row)
-        q = np.arange(q0, q1)
-        if kind == Kind.FULL:
-            dense[q0:q1, k0:k1] = True
-            continue
-        lo, hi = row_bounds(row, q)
-        block = (kk[None, :] >= lo[:, None]) & (kk[None, :] < hi[:, None])
-        dense[q0:q1] |= block
-    return dense
+    return to_dense_tensor(slices, seqlen_q, seqlen_k, "cpu").numpy()
 
 
 def to_dense_tensor(slices: np.ndarray, seqlen_q: int, seqlen_k: int, device, rows: int = 8192):

@@ -34,6 +34,7 @@ def test_band_slices_match_definition_and_area(case):
     s = sl.band_slices(*args)
     want = band_dense(sq, sk, *args)
     assert (sl.to_dense(s, sq, sk) == want).all()
+    assert (sl.to_dense_tensor(s, sq, sk, "cpu", rows=7).numpy() == want).all()  # query rows in chunks
     assert sl.area(s) == want.sum()
     # slices never overlap: per-slice areas add up to the union
     assert sum(sl.to_dense(row[None], sq, sk).sum() for row in s) == want.sum()
