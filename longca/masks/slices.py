@@ -87,24 +87,24 @@ def to_dense(slices: np.ndarray, seqlen_q: int, seqlen_k: int) -> np.ndarray:
 
 
 def to_dense_tensor(slices: np.ndarray, seqlen_q: int, seqlen_k: int, device, rows: int = 8192):
-    """`to_dense` built on `device` with torch (a GPU fills a 48K x 48K mask in milliseconds;
-    numpy on the host took seconds per cell). Each slice touches only its own rectangle; query rows
-    go `rows` at a time to bound temporaries."""
+    """Dense boolean (seqlen_q, seqlen_k) tensor on `device` (a GPU fills a 48K x 48K mask in
+    milliseconds). Each slice fills only its own rectangle, as triangles: with r, c local to the
+    rectangle and shift = width - height, CAUSAL keeps c - r <= shift (tril), INVCAUSAL c >= r
+    (triu), BICAUSAL both (see row_bounds). Query rows go `rows` at a time to bound temporaries."""
     import torch
 
     dense = torch.zeros((seqlen_q, seqlen_k), dtype=torch.bool, device=device)
     for row in np.asarray(slices).reshape(-1, 5):
         q0, q1, k0, k1, kind = (int(x) for x in row)
-        if kind == Kind.FULL:
-            dense[q0:q1, k0:k1] = True
-            continue
-        kk = torch.arange(k0, k1, device=device)
+        shift = (k1 - k0) - (q1 - q0)
         for a in range(q0, q1, rows):
             b = min(a + rows, q1)
-            lo, hi = row_bounds(row, np.arange(a, b))
-            lo_t = torch.as_tensor(lo, device=device)[:, None]
-            hi_t = torch.as_tensor(hi, device=device)[:, None]
-            dense[a:b, k0:k1] |= (kk[None, :] >= lo_t) & (kk[None, :] < hi_t)
+            block = torch.ones((b - a, k1 - k0), dtype=torch.bool, device=device)
+            if kind in (Kind.CAUSAL, Kind.BICAUSAL):
+                block = block.tril(shift + a - q0)
+            if kind in (Kind.INVCAUSAL, Kind.BICAUSAL):
+                block = block.triu(a - q0)
+            dense[a:b, k0:k1] |= block
     return dense
 
 
