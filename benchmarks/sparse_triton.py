@@ -1,6 +1,7 @@
 """Throughput of longca's Triton block-sparse attention against dense cuDNN SDPA on the same shape.
 
-    python benchmarks/sparse_triton.py OUTDIR [--budget-s 170] [--no-tune] [--seqlens 16384,32768,65536,131072]
+    python benchmarks/sparse_triton.py OUTDIR [--budget-s 170] [--no-tune] [--no-check] [--tune-only]
+        [--seqlens 16384,32768,65536,131072]
 
 Phases (each row lands in OUTDIR/sparse_triton.json and .csv):
 1. check: forward and gradients against the float32 reference (benchmarks/sparse_check.py cases);
@@ -45,7 +46,8 @@ DTYPE = torch.bfloat16
 FWD_TOL = 3e-2
 FWD_CANDIDATES = [TileConfig(128, 64, 4, 3), TileConfig(128, 64, 8, 3), TileConfig(128, 128, 8, 2),
                   TileConfig(128, 128, 8, 3), TileConfig(64, 64, 4, 3), TileConfig(64, 64, 4, 4),
-                  TileConfig(128, 64, 8, 4), TileConfig(64, 128, 4, 2)]
+                  TileConfig(128, 64, 8, 4), TileConfig(64, 128, 4, 2), TileConfig(128, 128, 4, 2),
+                  TileConfig(64, 64, 4, 2)]
 DKDV_CANDIDATES = [TileConfig(32, 128, 4, 3), TileConfig(64, 128, 8, 3), TileConfig(32, 64, 4, 3),
                    TileConfig(64, 64, 4, 2), TileConfig(16, 128, 4, 4), TileConfig(32, 128, 8, 4)]
 DQ_CANDIDATES = [TileConfig(128, 32, 4, 3), TileConfig(64, 64, 4, 3), TileConfig(128, 64, 8, 3),
@@ -222,6 +224,7 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=170.0)
     ap.add_argument("--no-tune", action="store_true")
     ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--tune-only", action="store_true", help="stop after tuning and the 64K headline")
     ap.add_argument("--seqlens", default="16384,32768,65536,131072")
     args = ap.parse_args()
     args.outdir.mkdir(parents=True, exist_ok=True)
@@ -256,7 +259,7 @@ def main() -> int:
         record(dense + sparse, "headline")
 
     plan = []
-    for s in (int(x) for x in args.seqlens.split(",")):
+    for s in ([] if args.tune_only else (int(x) for x in args.seqlens.split(","))):
         for kind in ("gqa", "mha"):
             hq, hkv = heads_for(s, kind)
             plan.append(("dense", s, hq, hkv, None, None))

@@ -4,7 +4,7 @@
 # Results land under results/ exactly as a Snakemake run would write them, so a later call (or a
 # Snakemake run) only adds the missing cells.
 #   usage: tools/h200_call.sh OUTDIR STAGE [LIMIT_S]
-#   stages: linear_sparse_cp (the linear sweep on GPU 0 and the sparse sweep on GPU 1 for SPLIT_S
+#   stages: linear_tune (see below), linear_sparse_cp (the linear sweep on GPU 0 and the sparse sweep on GPU 1 for SPLIT_S
 #           seconds, then specs/h200-cp.yaml on both GPUs), single (every single-GPU sweep of specs/h200.yaml but sparse and linear, sharded over the
 #           GPUs; RETRY="--retry error" reruns error rows), cp_linear_sparse (specs/h200-cp.yaml on
 #           all GPUs, then the linear sweep on GPU 0 and the sparse sweep on GPU 1; SPLIT_S seconds
@@ -19,6 +19,12 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 if [ -f .bundles/fa4.tar.xz ]; then mkdir -p /tmp/fa4 && tar xJf .bundles/fa4.tar.xz -C /tmp/fa4; fi
 export PYTHONPATH=$PWD:/tmp/site:/tmp/fa4:/tmp/fa4/nvidia_cutlass_dsl/dsl_packages
+# Triton's cache in the (git-ignored) checkout: it survives between calls on a warm machine, and
+# its autotune results (fla-core tunes each kernel for 1-2 minutes on first use) come back as
+# OUTDIR/triton-autotune.tar.gz; put that file in .triton-autotune/ and carry the folder.
+export TRITON_CACHE_DIR=$PWD/.triton-cache
+mkdir -p "$TRITON_CACHE_DIR"
+if [ -f .triton-autotune/triton-autotune.tar.gz ]; then tar xzf .triton-autotune/triton-autotune.tar.gz -C "$TRITON_CACHE_DIR"; fi
 ngpu=$(python3 -c 'import torch; print(torch.cuda.device_count())')
 # Earlier calls' results travel as aggregates; restoring their cell files makes this call add only
 # the missing cells.
@@ -58,6 +64,15 @@ single_gpu_sweeps() {  # both GPUs: the rest of the dense matrix, Flex to 512K, 
 }
 
 case "$stage" in
+  linear_tune)  # GPU 0: two linear kernels, softmax at D=64, long Flex; GPU 1: Triton sparse tiles
+    # tuned (and the 64K goal shape), the other two linear kernels, long Flex
+    gpu_seq 0 linear0 "--spec specs/h200.yaml --sweep linear --only kernel=fla_linear_attn --only kernel=fla_simple_gla" \
+      "--spec specs/h200.yaml --sweep linear_softmax" "--spec specs/h200.yaml --sweep long --only kernel=flex --shard 0/2" &
+    ( CUDA_VISIBLE_DEVICES=1 timeout -k 10 -s TERM 230 python3 benchmarks/sparse_triton.py "$logs/sparse_tune" \
+        --budget-s 190 --no-check --tune-only > "$logs/sparse_tune.log" 2>&1
+      gpu_seq 1 linear1 "--spec specs/h200.yaml --sweep linear --only kernel=fla_gla --only kernel=fla_gated_deltanet" \
+        "--spec specs/h200.yaml --sweep long --only kernel=flex --shard 1/2" ) &
+    wait; cleanup ;;
   single) single_gpu_sweeps; wait; cleanup ;;
   linear_sparse_cp)  # linear attention (GPU 0) and block-sparse (GPU 1) for SPLIT_S seconds, then CP on both
     export PHASE_END=${SPLIT_S:-270}
@@ -132,6 +147,7 @@ for spec in h200 h200-cp; do
   fi
 done
 tar czf "$out/logs.tar.gz" "$logs" 2>/dev/null
+(cd "$TRITON_CACHE_DIR" && find . -name '*.autotune.json' | tar czf "$out/triton-autotune.tar.gz" -T -) 2>/dev/null
 python3 - <<'PY'
 import collections, glob, pyarrow.parquet as pq
 c = collections.Counter(); bad = []

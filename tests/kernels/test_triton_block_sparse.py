@@ -122,6 +122,14 @@ def test_tiles_shrink_to_divide_uniform_blocks():
     assert not build_plan(lay(40), "cpu").fast_path
 
 
+def test_config_text_round_trips_through_parse_config():
+    from longca.kernels.triton_sparse.configs import parse_config
+
+    cfg = KernelConfig(TileConfig(128, 64, 8, 3), TileConfig(32, 64, 4, 3), TileConfig(64, 32, 4, 2))
+    assert cfg.as_text() == "fwd=128,64,8,3;dkdv=32,64,4,3;dq=64,32,4,2"
+    assert parse_config(cfg.as_text()) == cfg
+
+
 def test_plan_rejects_mismatched_layout():
     bad = BlockLayout(np.array([0, 32, 64]), np.array([0, 64]), np.ones((1, 3, 1), bool), None)
     with pytest.raises(ValueError, match="does not match"):
@@ -233,6 +241,8 @@ def test_adapter_call_matches_reference():
         _mask(layout), batch=1, heads_q=2, heads_kv=1, head_dim=16, dtype=DTYPE, device=DEVICE,
         form="block_sparse", config=SMALL)
     assert prep.layout == "bhsd" and prep.build_s >= 0 and prep.info["fast_path"]
+    # the row's backend names the tiles that ran (shrunk to divide the 32-blocks)
+    assert prep.info["backend"] == f"triton tiles {build_plan(layout, 'cpu', SMALL).config.as_text()}"
     q64, k64, v64, _ = inputs(1, 2, 1, 64, 64, 16, seed=7)
     out = prep.call(*(t.to(DEVICE, DTYPE) for t in (q64, k64, v64)))
     torch.testing.assert_close(out.double().cpu(), reference(q64, k64, v64, layout)[0], atol=TOL, rtol=TOL)

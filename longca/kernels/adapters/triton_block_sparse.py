@@ -53,7 +53,9 @@ class TritonBlockSparse:
         def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             return block_sparse_attention(q, k, v, plan)
 
-        info = {"tiles": plan.config.as_dict(), "uniform_block": mask.blocks.uniform_block,
+        # The tiles that ran (after shrinking to divide the block) go into the row's `backend`, so
+        # rows measured under different tile configs stay distinguishable.
+        info = {"backend": f"triton tiles {plan.config.as_text()}", "tiles": plan.config.as_dict(), "uniform_block": mask.blocks.uniform_block,
                 "fast_path": plan.fast_path}
         return Prepared(call=call, layout=self.layout, build_s=build_s, info=info)
 

@@ -43,6 +43,10 @@ class KernelConfig:
         return {name: [c.block_m, c.block_n, c.num_warps, c.num_stages]
                 for name, c in (("fwd", self.fwd), ("dkdv", self.dkdv), ("dq", self.dq))}
 
+    def as_text(self) -> str:
+        """'fwd=128,64,8,3;dkdv=32,64,4,3;dq=64,32,4,3': the form configs.parse_config reads."""
+        return ";".join(f"{name}={','.join(map(str, vals))}" for name, vals in self.as_dict().items())
+
 
 @dataclass
 class Tiles:
