@@ -176,7 +176,7 @@ def sparse_cell(layout: BlockLayout, heads_q: int, config: KernelConfig, passes=
 def tune(block: int, clock: Clock, log: list[dict]) -> KernelConfig:
     """Best fwd, then dK/dV (dQ at default), then dQ config at 32K, 16:2, density 0.5."""
     layout = layout_for(32768, block, 2, 0.5, seed=1)
-    best = default_config(D)
+    best = default_config(D, block)
 
     def distinct(cands):
         seen, out = set(), []
@@ -236,7 +236,7 @@ def main() -> int:
     print(json.dumps(env), flush=True)
     rows: list[dict] = []
     check_rows = [] if args.no_check else sparse_check.run_cases()
-    configs = {b: default_config(D) for b in (128, 64)}
+    configs = {b: default_config(D, b) for b in (128, 64)}
     if not args.no_tune:
         for b in (128, 64):
             configs[b] = tune(b, clock, rows)

@@ -4,7 +4,7 @@
 # Results land under results/ exactly as a Snakemake run would write them, so a later call (or a
 # Snakemake run) only adds the missing cells.
 #   usage: tools/h200_call.sh OUTDIR STAGE [LIMIT_S]
-#   stages: linear_tune (see below), linear_sparse_cp (the linear sweep on GPU 0 and the sparse sweep on GPU 1 for SPLIT_S
+#   stages: linear_sparse, linear_tune (see below), linear_sparse_cp (the linear sweep on GPU 0 and the sparse sweep on GPU 1 for SPLIT_S
 #           seconds, then specs/h200-cp.yaml on both GPUs), single (every single-GPU sweep of specs/h200.yaml but sparse and linear, sharded over the
 #           GPUs; RETRY="--retry error" reruns error rows), cp_linear_sparse (specs/h200-cp.yaml on
 #           all GPUs, then the linear sweep on GPU 0 and the sparse sweep on GPU 1; SPLIT_S seconds
@@ -63,7 +63,32 @@ single_gpu_sweeps() {  # both GPUs: the rest of the dense matrix, Flex to 512K, 
   done
 }
 
+prewarm_linear() {  # $1: seconds. fla-core autotunes each (kernel, head dim, varlen or not) for
+  # 1-3 minutes, mostly compiling; one process per set, all at once over the GPUs, fills Triton's
+  # cache (autotune choices included). Their rows go to a scratch folder and are thrown away: the
+  # measured cells run afterwards, one process per GPU.
+  local i=0 k m d
+  for k in fla_linear_attn fla_simple_gla fla_gla fla_gated_deltanet; do
+    for m in causal causal_document; do
+      for d in 128 64; do
+        CUDA_VISIBLE_DEVICES=$((i % ngpu)) timeout -k 10 -s TERM "$1" python3 -m longca.cli run --spec specs/h200.yaml \
+          --sweep linear --only kernel=$k --only mask=$m --only head_dim=$d --only seqlen=1K \
+          --results /tmp/prewarm > "$logs/prewarm-$k-$m-$d.log" 2>&1 &
+        i=$((i + 1))
+      done
+    done
+  done
+  wait
+}
+
 case "$stage" in
+  linear_sparse)  # fla autotuning warmed in parallel, then the linear and sparse sweeps on both GPUs
+    prewarm_linear "${PREWARM_S:-200}"
+    gpu_seq 0 linsp-0 "--spec specs/h200.yaml --sweep linear --only kernel=fla_linear_attn --only kernel=fla_simple_gla" \
+      "--spec specs/h200.yaml --sweep linear_softmax" "--spec specs/h200.yaml --sweep sparse --shard 0/2" &
+    gpu_seq 1 linsp-1 "--spec specs/h200.yaml --sweep linear --only kernel=fla_gla --only kernel=fla_gated_deltanet" \
+      "--spec specs/h200.yaml --sweep sparse --shard 1/2" &
+    wait; cleanup ;;
   linear_tune)  # GPU 0: two linear kernels, softmax at D=64, long Flex; GPU 1: Triton sparse tiles
     # tuned (and the 64K goal shape), the other two linear kernels, long Flex
     gpu_seq 0 linear0 "--spec specs/h200.yaml --sweep linear --only kernel=fla_linear_attn --only kernel=fla_simple_gla" \

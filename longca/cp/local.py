@@ -368,7 +368,7 @@ class TritonBlockSparse:
             from longca.kernels.triton_sparse.configs import default_config
             from longca.kernels.triton_sparse.plan import build_plan
 
-            sub.form[key] = build_plan(sub.blocks, q.device, default_config(q.shape[-1]))
+            sub.form[key] = build_plan(sub.blocks, q.device, default_config(q.shape[-1], sub.blocks.uniform_block))
         return sub.form[key]
 
     def fwd(self, q, k, v, sub):

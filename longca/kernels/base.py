@@ -83,6 +83,15 @@ class Kernel(Protocol):
         """Convert the mask to `form` and return the callable (q, k, v) -> out in `layout`."""
         ...
 
+    # Optional: `backward_refusal(device) -> str | None`, why this installation cannot run the
+    # backward on `device` (a library refusing a known-bad compiler version), found at run time.
+
+
+def backward_refusal(kernel: Any, device: torch.device) -> str | None:
+    """The kernel's run-time reason to refuse its backward on `device`, or None."""
+    hook = getattr(kernel, "backward_refusal", None)
+    return hook(device) if hook is not None else None
+
 
 def package_available(name: str | None) -> bool:
     if name is None:

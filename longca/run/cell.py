@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 from longca.kernels import registry
-from longca.kernels.base import DTYPES, Unsupported, choose_form, package_available, static_unsupported_reason
+from longca.kernels.base import (DTYPES, Unsupported, backward_refusal, choose_form, package_available,
+                                 static_unsupported_reason)
 from longca.masks.forms import forms_of
 from longca.masks.mask import Mask
 from longca.masks.registry import PATTERNS, build_mask
@@ -79,7 +80,8 @@ def planned_unsupported(cell: Cell) -> str | None:
 
 
 def runtime_unsupported(cell: Cell, device: torch.device) -> str | None:
-    caps = registry.get(cell.kernel).caps
+    kernel = registry.get(cell.kernel)
+    caps = kernel.caps
     if not package_available(caps.package):
         return f"{caps.package} not installed"
     if device.type == "cuda":
@@ -90,6 +92,8 @@ def runtime_unsupported(cell: Cell, device: torch.device) -> str | None:
             return f"needs compute capability >= {caps.min_compute_capability}, device has {cc}"
         if caps.max_compute_capability and cc > caps.max_compute_capability:
             return f"needs compute capability <= {caps.max_compute_capability}, device has {cc}"
+    if cell.pass_ != "fwd":
+        return backward_refusal(kernel, device)
     return None
 
 
@@ -158,7 +162,8 @@ def check_correctness(cell: Cell, device: torch.device) -> dict[str, Any]:
     kernel = registry.get(cell.kernel)
     check_len = min(cell.seqlen, int(cell.check_dict["max_seqlen"]))
     # One check with gradients serves the fwd, bwd and fwd_bwd cells of the same shape.
-    grads = kernel.caps.backward and (cell.pass_ != "fwd" or device.type == "cuda")
+    grads = (kernel.caps.backward and (cell.pass_ != "fwd" or device.type == "cuda")
+             and backward_refusal(kernel, device) is None)
     key = (cell.kernel, cell.mask, cell.mask_params, cell.heads_q, cell.heads_kv, cell.head_dim, cell.dtype,
            cell.batch, check_len, cell.seed, str(device), json.dumps(cell.check_dict, sort_keys=True))
     if key in _check_cache and (_check_cache[key]["grads"] or not grads):

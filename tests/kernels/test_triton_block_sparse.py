@@ -249,13 +249,27 @@ def test_adapter_call_matches_reference():
 
 
 @needs_triton
-def test_default_head_dim_128_config_at_block_128():
-    # The shipped D=128 tiles (the H200 sweep's shape) on whole 128-blocks: forward and gradients.
+@pytest.mark.parametrize("block", [128, 64])
+def test_default_head_dim_128_config_per_block(block):
+    # The shipped D=128 tiles for uniform blocks (the H200 sweep's shapes): forward and gradients.
     from longca.kernels.triton_sparse.configs import default_config
 
-    rng = np.random.default_rng(128)
+    rng = np.random.default_rng(block)
     kept = rng.random((1, 2, 2)) < 0.6
     kept[0, :, 0] = True
-    bounds = np.arange(3) * 128
-    plan, _ = run_and_compare(BlockLayout(bounds, bounds, kept, 128), default_config(128), hq=2, hkv=1, d=128)
-    assert plan.fast_path
+    bounds = np.arange(3) * block
+    cfg = default_config(128, block)
+    plan, _ = run_and_compare(BlockLayout(bounds, bounds, kept, block), cfg, hq=2, hkv=1, d=128)
+    assert plan.fast_path and plan.config == cfg  # the tuned tiles divide the block: nothing shrunk
+
+
+def test_default_config_picks_tiles_by_block():
+    from longca.kernels.triton_sparse.configs import default_config
+
+    assert default_config(128, 128).fwd == TileConfig(128, 128, 8, 3)
+    assert default_config(128, 256) == default_config(128, 128)
+    assert default_config(128, 64).fwd == TileConfig(64, 64, 4, 3)
+    assert default_config(128, 192) == default_config(128, 64)
+    assert default_config(128, None) == default_config(128, 48) == default_config(128)
+    with pytest.raises(ValueError, match="head_dim=96"):
+        default_config(96, 128)

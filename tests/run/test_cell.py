@@ -7,7 +7,7 @@ from longca.spec.cells import expand
 from longca.spec.load import load_spec
 
 
-def spec(kernels, masks="[full, causal]", extra=""):
+def spec(kernels, masks="[full, causal]", extra="", passes="[bwd]"):
     return load_spec(text=f"""
 name: t
 device: cpu
@@ -20,7 +20,7 @@ seqlens: [192]
 heads: ["2:1"]
 head_dims: [16]
 dtypes: [float32]
-passes: [bwd]
+passes: {passes}
 {extra}
 sweeps: [{{name: s}}]
 """)
@@ -89,3 +89,17 @@ def test_block_sparse_cells_record_their_blocks():
     assert (row["block_size"], row["score_source"], row["variable_blocks"]) == (32, "importance", False)
     # Kept area is whole 32 x 32 blocks; half of the 6 x 6 block grid per head, exactly.
     assert row["mask_area"] == 18 * 32 * 32 and row["density"] == 0.5
+
+
+
+def test_backward_refused_at_run_time_is_unsupported_and_forward_still_runs(monkeypatch):
+    # A kernel may refuse its backward for what is installed (fla on Hopper with Triton < 3.7.1):
+    # the backward cell becomes `unsupported` with the reason, the forward cell is measured.
+    from longca.kernels import registry
+
+    monkeypatch.setattr(registry.get("naive"), "backward_refusal",
+                        lambda device: "this Triton computes wrong gradients", raising=False)
+    (row,) = run_cell(expand(spec("[naive]", masks="[causal]"))[0])
+    assert row["status"] == "unsupported" and row["reason"] == "this Triton computes wrong gradients"
+    (row,) = run_cell(expand(spec("[naive]", masks="[causal]", passes="[fwd]"))[0])
+    assert row["status"] == "ok" and row["rel_err_out"] < 1e-5

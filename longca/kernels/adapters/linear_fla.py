@@ -34,6 +34,7 @@ and kept in ``Prepared.extra["inputs"]``; ``Prepared.extra`` also carries:
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -73,6 +74,9 @@ class FlaOp:
     fixed: dict[str, Any] = field(default_factory=dict)  # constant keyword arguments
     extra_args: dict[str, str] = field(default_factory=dict)  # fla argument name -> key of the extra inputs
     takes_cu_seqlens_cpu: bool = True
+    # The backward goes through fla.ops.common.chunk_o.chunk_bwd_dqkwg with a gate, which fla
+    # refuses on Hopper with Triton >= 3.4, < 3.7.1 (wrong gradients there: fla issue #640).
+    gated_dqkwg: bool = False
 
     def load(self) -> Callable[..., Any]:
         """The fla function, imported on first use (fla is optional; importing it costs ~1 s)."""
@@ -82,10 +86,10 @@ class FlaOp:
 OPS: dict[str, FlaOp] = {
     "linear_attn": FlaOp("fla.ops.linear_attn", "chunk_linear_attn", {"normalize": False},
                          takes_cu_seqlens_cpu=False),
-    "simple_gla": FlaOp("fla.ops.simple_gla", "chunk_simple_gla", {}, {"g": "g"}),
+    "simple_gla": FlaOp("fla.ops.simple_gla", "chunk_simple_gla", {}, {"g": "g"}, gated_dqkwg=True),
     "gla": FlaOp("fla.ops.gla", "chunk_gla", {}, {"g": "gk"}),
     "gated_deltanet": FlaOp("fla.ops.gated_delta_rule", "chunk_gated_delta_rule",
-                            {"use_qk_l2norm_in_kernel": True}, {"g": "g", "beta": "beta"}),
+                            {"use_qk_l2norm_in_kernel": True}, {"g": "g", "beta": "beta"}, gated_dqkwg=True),
 }
 
 
@@ -126,6 +130,12 @@ class FlaLinearKernel:
         self.op = op
         self.name = f"fla_{family.name}"
         self.description = f"flash-linear-attention {op.function}: {family.description}"
+
+    def backward_refusal(self, device: torch.device) -> str | None:
+        """fla's own refusal of this kernel's backward on `device` (see FlaOp.gated_dqkwg)."""
+        if not self.op.gated_dqkwg or torch.device(device).type != "cuda":
+            return None
+        return gated_backward_refusal(dqkwg_guard_flags(), torch.cuda.get_device_capability(device))
 
     def prepare(self, mask: Mask, *, batch: int, heads_q: int, heads_kv: int, head_dim: int,
                 dtype: torch.dtype, device: torch.device, form: str) -> Prepared:
@@ -182,6 +192,31 @@ class FlaLinearKernel:
                    "flop_model": family.flop_model, "flops": flops, "inputs": inputs,
                    "cu_seqlens": cu_cpu, "tolerance": TOLERANCE, "package_version": version},
         )
+
+
+def dqkwg_guard_flags() -> dict[str, Any]:
+    """The flags fla's chunk_bwd_dqkwg guard reads, from fla itself, and the Triton version."""
+    import triton
+    from fla.ops.common import chunk_o
+
+    return {"triton": triton.__version__, "fla": _version(),
+            "tilelang": importlib.util.find_spec("tilelang") is not None,
+            **{name: bool(getattr(chunk_o, name, False))
+               for name in ("IS_NVIDIA_HOPPER", "TRITON_ABOVE_3_4_0", "TRITON_ABOVE_3_7_1")}}
+
+
+def gated_backward_refusal(flags: dict[str, Any], compute_capability: tuple[int, int]) -> str | None:
+    """Why fla will not run a gated chunk_bwd_dqkwg here, or None.
+
+    fla raises at the first backward on Hopper (sm90) with Triton >= 3.4.0 and < 3.7.1 unless its
+    tilelang backend is installed: Triton there computes wrong gradients (fla issue #640)."""
+    refused = (flags["IS_NVIDIA_HOPPER"] and compute_capability[0] == 9 and flags["TRITON_ABOVE_3_4_0"]
+               and not flags["TRITON_ABOVE_3_7_1"] and not flags["tilelang"])
+    if not refused:
+        return None
+    return (f"fla {flags['fla']} refuses the gated backward (chunk_bwd_dqkwg) on Hopper with Triton "
+            f"{flags['triton']}: Triton >= 3.4.0, < 3.7.1 computes wrong gradients there (fla issue #640); "
+            "needs Triton >= 3.7.1 or tilelang")
 
 
 def _version() -> str:

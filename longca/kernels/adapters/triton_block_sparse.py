@@ -45,7 +45,7 @@ class TritonBlockSparse:
             raise ValueError(f"mask has {mask.blocks.heads} KV heads; cell has {heads_q}:{heads_kv}")
         device = torch.device(device)
         t0 = time.perf_counter()
-        plan = build_plan(mask.blocks, device, config or default_config(head_dim))
+        plan = build_plan(mask.blocks, device, config or default_config(head_dim, mask.blocks.uniform_block))
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         build_s = time.perf_counter() - t0

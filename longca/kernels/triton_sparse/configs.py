@@ -13,17 +13,31 @@ _DEFAULTS: dict[int, KernelConfig] = {
     16: KernelConfig(TileConfig(64, 32, 4, 2), TileConfig(32, 64, 4, 2), TileConfig(64, 32, 4, 2)),
     32: KernelConfig(TileConfig(64, 64, 4, 2), TileConfig(32, 64, 4, 2), TileConfig(64, 32, 4, 2)),
     64: KernelConfig(TileConfig(128, 64, 4, 3), TileConfig(32, 128, 4, 3), TileConfig(128, 32, 4, 3)),
-    # Backward tiles (32 x 64 for dK/dV, 64 x 32 for dQ): on the H200 (call 6) these ran the block-64
-    # backward at 316-365 TFLOP/s, while 32 x 128 / 128 x 32 ran block 128 at 144-178 (the 128-wide
-    # dK/dV accumulators spill). Not yet re-measured at block 128 with these tiles (NOTES.md).
-    128: KernelConfig(TileConfig(128, 64, 8, 3), TileConfig(32, 64, 4, 3), TileConfig(64, 32, 4, 3)),
+    # D=128 on blocks that are not multiples of 64 (variable blocks): the forward tile that ran
+    # variable blocks at 364-370 TFLOP/s on the H200 (call 6); backward tiles as for uniform blocks.
+    128: KernelConfig(TileConfig(128, 64, 8, 3), TileConfig(64, 64, 4, 2), TileConfig(64, 64, 4, 3)),
     256: KernelConfig(TileConfig(64, 32, 8, 2), TileConfig(16, 64, 8, 1), TileConfig(64, 16, 8, 1)),
 }
 
+# Uniform blocks, by (head_dim, block size the tiles must divide): tuned on the H200 with
+# `benchmarks/sparse_triton.py --tune-only` (call 7, 32K tokens, 16:2 heads, density 0.5; the
+# candidates and their TFLOP/s are in NOTES.md). The warp count matters as much as the tile:
+# block 64 runs its 64 x 64 forward at 446 TFLOP/s with 4 warps and 285 with 8.
+_BY_BLOCK: dict[tuple[int, int], KernelConfig] = {
+    (128, 128): KernelConfig(TileConfig(128, 128, 8, 3), TileConfig(64, 64, 4, 2), TileConfig(64, 64, 4, 3)),
+    (128, 64): KernelConfig(TileConfig(64, 64, 4, 3), TileConfig(64, 64, 4, 2), TileConfig(64, 64, 4, 3)),
+}
 
-def default_config(head_dim: int) -> KernelConfig:
+
+def default_config(head_dim: int, block: int | None = None) -> KernelConfig:
+    """Tiles for `head_dim`; `block` (the uniform block size, None for variable blocks) picks the
+    tuned entry whose block divides it (block 256 takes block 128's tiles)."""
     if head_dim not in _DEFAULTS:
         raise ValueError(f"no default tile config for head_dim={head_dim}; have {sorted(_DEFAULTS)}")
+    if block:
+        for (d, b), cfg in sorted(_BY_BLOCK.items(), key=lambda kv: -kv[0][1]):
+            if d == head_dim and block % b == 0:
+                return cfg
     return _DEFAULTS[head_dim]
 
 

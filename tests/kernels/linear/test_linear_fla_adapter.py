@@ -159,3 +159,29 @@ def test_fla_matches_reference_on_gpu(name: str, mask: str) -> None:
     assert rel(out, ref) < tol
     for x, r in zip(xs, rs):
         assert rel(x.grad, r.grad) < 3 * tol
+
+
+def test_gated_backward_refused_where_fla_refuses_it() -> None:
+    from longca.kernels.adapters.linear_fla import OPS, gated_backward_refusal
+
+    hopper_36 = {"triton": "3.6.0", "fla": "0.6.0", "tilelang": False, "IS_NVIDIA_HOPPER": True,
+                 "TRITON_ABOVE_3_4_0": True, "TRITON_ABOVE_3_7_1": False}
+    reason = gated_backward_refusal(hopper_36, (9, 0))
+    assert reason and "Triton 3.6.0" in reason and "#640" in reason
+    assert gated_backward_refusal({**hopper_36, "TRITON_ABOVE_3_7_1": True}, (9, 0)) is None
+    assert gated_backward_refusal({**hopper_36, "tilelang": True}, (9, 0)) is None
+    assert gated_backward_refusal({**hopper_36, "IS_NVIDIA_HOPPER": False}, (8, 0)) is None
+    assert gated_backward_refusal({**hopper_36, "TRITON_ABOVE_3_4_0": False}, (9, 0)) is None
+    # the gated families whose backward runs through chunk_bwd_dqkwg with a gate
+    assert {name for name, op in OPS.items() if op.gated_dqkwg} == {"simple_gla", "gated_deltanet"}
+
+
+def test_backward_refusal_reads_fla_flags_and_passes_on_cpu() -> None:
+    pytest.importorskip("fla")
+    from longca.kernels.adapters.linear_fla import dqkwg_guard_flags
+    from longca.kernels.registry import get
+
+    flags = dqkwg_guard_flags()
+    assert set(flags) >= {"IS_NVIDIA_HOPPER", "TRITON_ABOVE_3_4_0", "TRITON_ABOVE_3_7_1", "triton"}
+    assert get("fla_gated_deltanet").backward_refusal(torch.device("cpu")) is None
+    assert get("fla_linear_attn").backward_refusal(torch.device("cuda")) is None  # ungated: never asks
