@@ -4,7 +4,7 @@
 # Results land under results/ exactly as a Snakemake run would write them, so a later call (or a
 # Snakemake run) only adds the missing cells.
 #   usage: tools/h200_call.sh OUTDIR STAGE [LIMIT_S]
-#   stages: linear_sparse, linear_tune (see below), linear_sparse_cp (the linear sweep on GPU 0 and the sparse sweep on GPU 1 for SPLIT_S
+#   stages: sparse, linear_sparse, linear_tune (see below), linear_sparse_cp (the linear sweep on GPU 0 and the sparse sweep on GPU 1 for SPLIT_S
 #           seconds, then specs/h200-cp.yaml on both GPUs), single (every single-GPU sweep of specs/h200.yaml but sparse and linear, sharded over the
 #           GPUs; RETRY="--retry error" reruns error rows), cp_linear_sparse (specs/h200-cp.yaml on
 #           all GPUs, then the linear sweep on GPU 0 and the sparse sweep on GPU 1; SPLIT_S seconds
@@ -82,6 +82,12 @@ prewarm_linear() {  # $1: seconds. fla-core autotunes each (kernel, head dim, va
 }
 
 case "$stage" in
+  sparse)  # the sparse sweep on both GPUs, the project's Triton kernel first (the 64K goal), then Flex
+    for ((g = 0; g < ngpu; g++)); do
+      gpu_seq "$g" "sparse-$g" "--spec specs/h200.yaml --sweep sparse --only kernel=triton_block_sparse --shard $g/$ngpu" \
+        "--spec specs/h200.yaml --sweep sparse --only kernel=flex --shard $g/$ngpu" &
+    done
+    wait; cleanup ;;
   linear_sparse)  # fla autotuning warmed in parallel, then the linear and sparse sweeps on both GPUs
     prewarm_linear "${PREWARM_S:-200}"
     gpu_seq 0 linsp-0 "--spec specs/h200.yaml --sweep linear --only kernel=fla_linear_attn --only kernel=fla_simple_gla" \
