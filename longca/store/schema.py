@@ -88,7 +88,8 @@ _FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("rel_err_dk", pa.float64(), ""),
     ("rel_err_dv", pa.float64(), ""),
     ("check_seqlen", pa.int64(), "length at which the correctness check ran"),
-    ("backend", pa.string(), "backend that actually ran (SDPA: flash / efficient / cudnn / math)"),
+    ("backend", pa.string(), "what actually ran (SDPA: flash / efficient / cudnn / math; "
+                             "Triton block-sparse: its tiles; fla: version, function, chunk)"),
     # status
     ("status", pa.string(), "ok | unsupported | oom | error | timeout | incorrect"),
     ("reason", pa.string(), "why, for every status but ok"),
