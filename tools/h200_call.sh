@@ -4,7 +4,7 @@
 # Results land under results/ exactly as a Snakemake run would write them, so a later call (or a
 # Snakemake run) only adds the missing cells.
 #   usage: tools/h200_call.sh OUTDIR STAGE [LIMIT_S]
-#   stages: sparse, linear_sparse, linear_tune (see below), linear_sparse_cp (the linear sweep on GPU 0 and the sparse sweep on GPU 1 for SPLIT_S
+#   stages: sparse, linear_gqa_sparse, linear_sparse, linear_tune (see below), linear_sparse_cp (the linear sweep on GPU 0 and the sparse sweep on GPU 1 for SPLIT_S
 #           seconds, then specs/h200-cp.yaml on both GPUs), single (every single-GPU sweep of specs/h200.yaml but sparse and linear, sharded over the
 #           GPUs; RETRY="--retry error" reruns error rows), cp_linear_sparse (specs/h200-cp.yaml on
 #           all GPUs, then the linear sweep on GPU 0 and the sparse sweep on GPU 1; SPLIT_S seconds
@@ -87,6 +87,12 @@ case "$stage" in
       gpu_seq "$g" "sparse-$g" "--spec specs/h200.yaml --sweep sparse --only kernel=triton_block_sparse --shard $g/$ngpu" \
         "--spec specs/h200.yaml --sweep sparse --only kernel=flex --shard $g/$ngpu" &
     done
+    wait; cleanup ;;
+  linear_gqa_sparse)  # what call 9 left of issues 6-7: linear at GQA 64:8 (autotune cache carried), Flex sparse
+    gpu_seq 0 linsp-0 "--spec specs/h200.yaml --sweep linear --only kernel=fla_linear_attn --only kernel=fla_simple_gla" \
+      "--spec specs/h200.yaml --sweep linear_softmax" "--spec specs/h200.yaml --sweep sparse --shard 0/2" &
+    gpu_seq 1 linsp-1 "--spec specs/h200.yaml --sweep linear --only kernel=fla_gla --only kernel=fla_gated_deltanet" \
+      "--spec specs/h200.yaml --sweep sparse --shard 1/2" &
     wait; cleanup ;;
   linear_sparse)  # fla autotuning warmed in parallel, then the linear and sparse sweeps on both GPUs
     prewarm_linear "${PREWARM_S:-200}"
