@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
 # One call on a GPU host without network (the project's H200 runs): unpack carried packages,
-# run a stage for at most LIMIT seconds, and pack results and logs into OUTDIR/call.tar.gz.
+# run a stage for at most LIMIT seconds, and leave in OUTDIR the aggregates (h200.parquet, h200-cp.parquet),
+# logs.tar.gz and triton-autotune.tar.gz (Triton's autotune choices, to carry into the next call).
 # Results land under results/ exactly as a Snakemake run would write them, so a later call (or a
 # Snakemake run) only adds the missing cells.
 #   usage: tools/h200_call.sh OUTDIR STAGE [LIMIT_S]
-#   stages: sparse, linear_gqa_sparse, linear_sparse, linear_tune (see below), linear_sparse_cp (the linear sweep on GPU 0 and the sparse sweep on GPU 1 for SPLIT_S
-#           seconds, then specs/h200-cp.yaml on both GPUs), single (every single-GPU sweep of specs/h200.yaml but sparse and linear, sharded over the
-#           GPUs; RETRY="--retry error" reruns error rows), cp_linear_sparse (specs/h200-cp.yaml on
-#           all GPUs, then the linear sweep on GPU 0 and the sparse sweep on GPU 1; SPLIT_S seconds
-#           are kept for the latter), and the earlier calls' stages: first, dense, extra, cp, final
+#   stages (the newest first; each runs only the cells still missing):
+#     sparse            the sparse sweep on all GPUs, Triton first, then Flex
+#     linear_sparse     fla autotuning warmed in parallel (PREWARM_S seconds, 0 to skip), then the
+#                       linear sweeps (GPU 0: two kernels + linear_softmax, GPU 1: the other two),
+#                       then the sparse sweep sharded over both
+#     linear_tune       call 7: Triton sparse tiles tuned on GPU 1, linear sweeps, long Flex
+#     single            every single-GPU sweep of specs/h200.yaml but sparse and linear, sharded
+#                       over the GPUs (FA4 needed); RETRY="--retry error" reruns error rows
+#     linear_sparse_cp  linear (GPU 0) and sparse (GPU 1) for SPLIT_S seconds, then
+#                       specs/h200-cp.yaml on both GPUs
+#     cp_linear_sparse  specs/h200-cp.yaml first, then linear and sparse for SPLIT_S seconds
+#     first, dense, extra, cp, final, cp_extra: the earlier calls' stages
 set -u
 out=${1:?outdir}; stage=${2:?stage}; limit=${3:-480}
 start=$SECONDS
@@ -88,14 +96,9 @@ case "$stage" in
         "--spec specs/h200.yaml --sweep sparse --only kernel=flex --shard $g/$ngpu" &
     done
     wait; cleanup ;;
-  linear_gqa_sparse)  # what call 9 left of issues 6-7: linear at GQA 64:8 (autotune cache carried), Flex sparse
-    gpu_seq 0 linsp-0 "--spec specs/h200.yaml --sweep linear --only kernel=fla_linear_attn --only kernel=fla_simple_gla" \
-      "--spec specs/h200.yaml --sweep linear_softmax" "--spec specs/h200.yaml --sweep sparse --shard 0/2" &
-    gpu_seq 1 linsp-1 "--spec specs/h200.yaml --sweep linear --only kernel=fla_gla --only kernel=fla_gated_deltanet" \
-      "--spec specs/h200.yaml --sweep sparse --shard 1/2" &
-    wait; cleanup ;;
-  linear_sparse)  # fla autotuning warmed in parallel, then the linear and sparse sweeps on both GPUs
-    prewarm_linear "${PREWARM_S:-200}"
+  linear_sparse)  # fla autotuning warmed in parallel (PREWARM_S=0 skips it when the autotune cache
+    # is carried), then the linear and sparse sweeps on both GPUs
+    [ "${PREWARM_S:-200}" -gt 0 ] && prewarm_linear "${PREWARM_S:-200}"
     gpu_seq 0 linsp-0 "--spec specs/h200.yaml --sweep linear --only kernel=fla_linear_attn --only kernel=fla_simple_gla" \
       "--spec specs/h200.yaml --sweep linear_softmax" "--spec specs/h200.yaml --sweep sparse --shard 0/2" &
     gpu_seq 1 linsp-1 "--spec specs/h200.yaml --sweep linear --only kernel=fla_gla --only kernel=fla_gated_deltanet" \
