@@ -318,24 +318,22 @@ def linear_chart(series: pl.DataFrame, crossovers: pl.DataFrame) -> ChartSpec | 
         return None
     y = alt.Y("tokens_per_s:Q", title="tokens/s", scale=alt.Scale(type="log"))
     layers = [("measured", series, _lines(_length_x(series), y))]
-    marks = crossovers.filter(pl.col("crossover").is_not_null()).with_columns(
-        label=pl.format("{} overtakes at {}", pl.col("kernel"), pl.col("crossover")))
+    # One dashed rule per kernel, in the kernel's line colour (labels would pile up where several
+    # kernels overtake at the same length; the table below the chart names each crossover).
+    marks = crossovers.filter(pl.col("crossover").is_not_null()).with_columns(series=pl.col("kernel"))
     if marks.height:
         def rule(base: alt.Chart) -> alt.Chart:
-            return base.mark_rule(strokeDash=[4, 3], color="black", tooltip=TOOLTIP_ALL).encode(
-                x=alt.X("crossover:Q", title="sequence length (tokens)"))
-
-        def text(base: alt.Chart) -> alt.Chart:
-            return base.mark_text(align="left", dx=4, y=8, fontSize=9).encode(
-                x=alt.X("crossover:Q", title="sequence length (tokens)"), text="label:N")
-        layers += [("crossover", marks, rule), ("crossover_text", marks, text)]
+            return base.mark_rule(strokeDash=[4, 3], strokeWidth=1.5, tooltip=TOOLTIP_ALL).encode(
+                x=alt.X("crossover:Q", title="sequence length (tokens)"), color=alt.Color("series:N", title=None))
+        layers += [("crossover", marks, rule)]
     chart, values = _layered_facet(layers, row="group", column=None)
     return ChartSpec(id="linear-tokens", title="Linear attention against the best softmax kernel",
                      chart=chart, values=values, data=series,
                      machines=queries.machines(series), query="status ok, world_size 1, kernel_family linear, "
                      "and the best softmax kernel on the same mask, pass and shape",
-                     caption="Tokens/s against length; the dashed rule marks the first measured length from which "
-                             "the linear kernel stays ahead of the best softmax kernel.")
+                     caption="Tokens/s against length; a dashed rule in a kernel's colour marks the first measured "
+                             "length from which that linear kernel stays ahead of the best softmax kernel (the "
+                             "fastest softmax kernel per length, at lengths where every softmax kernel has a row).")
 
 
 def slug(text: str) -> str:

@@ -166,14 +166,22 @@ def linear_vs_softmax(c: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
 
     Returns (series, crossovers). The crossover is the first measured length from which the linear
     kernel stays ahead at every longer measured length; `below` is the length before it.
+    The best softmax kernel is taken only at lengths where every softmax kernel that runs that mask
+    and shape has a row (ok, oom, error...; `unsupported` ones do not count): in a partly run sweep, a length where only a slow kernel has run
+    would otherwise show a collapse of "best softmax" that no measurement supports.
     """
-    keys = ["mask", "pass", "dtype", "heads_q", "head_dim", "machine"]
+    keys = ["mask", "pass", "dtype", "heads_q", "heads_kv", "head_dim", "machine"]
     ok = ok_cells(c).filter((pl.col("world_size") == 1) & pl.col("tokens_per_s").is_not_null())
     lin = ok.filter(pl.col("kernel_family") == "linear")
-    soft = (_dense_softmax(ok).sort("tokens_per_s", descending=True)
+    tried = (_dense_softmax(c).filter(pl.col("status") != "unsupported")  # unsupported never runs anywhere
+             .group_by(*keys, "seqlen_q").agg(kernels=pl.col("kernel").n_unique()))
+    complete = tried.filter(pl.col("kernels") == pl.col("kernels").max().over(keys))
+    soft = (_dense_softmax(ok).join(complete.select(*keys, "seqlen_q"), on=[*keys, "seqlen_q"], how="semi")
+            .sort("tokens_per_s", descending=True)
             .group_by(*keys, "seqlen_q", maintain_order=True).first())
-    group = pl.concat_str([pl.col("mask"), pl.lit(" "), pl.col("pass"), pl.lit(" H="),
-                           pl.col("heads_q").cast(pl.String), pl.lit(" D="), pl.col("head_dim").cast(pl.String),
+    heads = pl.concat_str([pl.col("heads_q").cast(pl.String), pl.lit(":"), pl.col("heads_kv").cast(pl.String)])
+    group = pl.concat_str([pl.col("mask"), pl.lit(" "), pl.col("pass"), pl.lit(" H="), heads,
+                           pl.lit(" D="), pl.col("head_dim").cast(pl.String),
                            pl.lit(" "), pl.col("dtype"), pl.lit(" on "), pl.col("machine")])
     soft = soft.join(lin.select(keys).unique(), on=keys, how="semi")
     cols = [*keys, "seqlen_q", "tokens_per_s", "kernel", "kernel_family", "batch", "median_ms", "run_ids"]

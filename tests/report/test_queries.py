@@ -125,6 +125,32 @@ def test_linear_series_names_best_softmax_per_length() -> None:
     assert soft.select("kernel", "tokens_per_s").row(0) == ("s2", 30.0)
 
 
+def test_linear_best_softmax_only_where_every_softmax_kernel_has_a_row() -> None:
+    lin = dict(kernel_family="linear", tflops=None)
+    rows = [_row("fast", "causal", s, tokens_per_s=100.0) for s in (1024, 2048)]
+    rows += [_row("slow", "causal", s, tokens_per_s=5.0) for s in (1024, 2048, 4096)]
+    rows += [_row("fast", "causal", 8192, status="oom")]  # tried and failed: the length still counts
+    rows += [_row("slow", "causal", 8192, tokens_per_s=4.0)]
+    rows += [_row("never", "causal", 2048, status="unsupported")]  # runs nowhere: not a missing kernel
+    rows += [_row("lin", "causal", s, tokens_per_s=50.0, **lin) for s in (1024, 2048, 4096, 8192)]
+    series, cross = queries.linear_vs_softmax(_cells(rows))
+    soft = series.filter(pl.col("series") == "best softmax")
+    # 4096: only the slow kernel has run there (a partial sweep), so no "best softmax" point
+    assert soft.get_column("seqlen_q").to_list() == [1024, 2048, 8192]
+    assert soft.get_column("kernel").to_list() == ["fast", "fast", "slow"]
+    assert cross.select("crossover", "below").row(0) == (8192, 2048)
+
+
+def test_linear_compares_the_same_kv_heads_only() -> None:
+    rows = [_row("soft_gqa", "causal", 1024, heads_kv=2, tokens_per_s=100.0),
+            _row("soft_mha", "causal", 1024, tokens_per_s=10.0),
+            _row("lin", "causal", 1024, tokens_per_s=20.0, kernel_family="linear", tflops=None)]
+    series, cross = queries.linear_vs_softmax(_cells(rows))
+    assert series.filter(pl.col("series") == "best softmax").get_column("kernel").to_list() == ["soft_mha"]
+    assert cross.select("group", "crossover").row(0) == ("causal fwd H=8:8 D=64 bf16 on " +
+                                                          series.item(0, "machine"), 1024)
+
+
 def test_fixture_rows_cover_every_family() -> None:
     df = pl.from_arrow(synthetic_table())
     c = queries.cells(df)
