@@ -5,18 +5,17 @@
 # Results land under results/ exactly as a Snakemake run would write them, so a later call (or a
 # Snakemake run) only adds the missing cells.
 #   usage: tools/h200_call.sh OUTDIR STAGE [LIMIT_S]
-#   stages (the newest first; each runs only the cells still missing):
-#     sparse            the sparse sweep on all GPUs, Triton first, then Flex
-#     linear_sparse     fla autotuning warmed in parallel (PREWARM_S seconds, 0 to skip), then the
-#                       linear sweeps (GPU 0: two kernels + linear_softmax, GPU 1: the other two),
-#                       then the sparse sweep sharded over both
-#     linear_tune       call 7: Triton sparse tiles tuned on GPU 1, linear sweeps, long Flex
+#   stages (each runs only the cells still missing; calls 1-9 ran earlier stages, in git history):
 #     single            every single-GPU sweep of specs/h200.yaml but sparse and linear, sharded
 #                       over the GPUs (FA4 needed); RETRY="--retry error" reruns error rows
-#     linear_sparse_cp  linear (GPU 0) and sparse (GPU 1) for SPLIT_S seconds, then
-#                       specs/h200-cp.yaml on both GPUs
-#     cp_linear_sparse  specs/h200-cp.yaml first, then linear and sparse for SPLIT_S seconds
-#     first, dense, extra, cp, final, cp_extra: the earlier calls' stages
+#     sparse            the sparse sweep on all GPUs, Triton first, then Flex
+#     linear_sparse     fla autotuning warmed in parallel (PREWARM_S seconds, 0 to skip when the
+#                       autotune cache is carried), then the linear sweeps (GPU 0: two kernels and
+#                       linear_softmax, GPU 1: the other two), then the sparse sweep on both
+#     cp                specs/h200-cp.yaml on all GPUs, sweep by sweep in priority order
+#     linear_sparse_cp  linear_sparse for SPLIT_S seconds, then cp
+#     sparse_tune       Triton block-sparse tiles tuned (benchmarks/sparse_triton.py --tune-only)
+#     checks            timer fidelity, FA4 smoke test and the sparse kernel check on GPU 0
 set -u
 out=${1:?outdir}; stage=${2:?stage}; limit=${3:-480}
 start=$SECONDS
@@ -40,14 +39,6 @@ for agg in results/*/all.parquet; do [ -f "$agg" ] && python3 -m longca.cli unpa
 { nvidia-smi; python3 -c 'import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__)'; } > "$logs/env.txt" 2>&1
 left() { local s=$(( limit - (SECONDS - start) - 40 )); echo $(( s > 5 ? s : 5 )); }
 cleanup() { pkill -9 -f 'longca.cp.bench|longca.run.worker|torch.distributed.run' 2>/dev/null; sleep 2; }
-
-dense_shards() {  # $1: first GPU index to use, $2: number of GPUs
-  local first=$1 n=$2 g
-  for ((g = 0; g < n; g++)); do
-    CUDA_VISIBLE_DEVICES=$((first + g)) timeout -s KILL "$(left)" \
-      python3 -m longca.cli run --spec specs/h200.yaml --shard "$g/$n" > "$logs/dense-$g.log" 2>&1 &
-  done
-}
 
 # Commands run one after another on one GPU, each stopped (TERM, then KILL 10 s later: the
 # supervisor takes its worker down on TERM) when the call's time is up.
@@ -89,96 +80,43 @@ prewarm_linear() {  # $1: seconds. fla-core autotunes each (kernel, head dim, va
   wait
 }
 
+linear_and_sparse() {  # the linear sweeps split over two GPUs, then the sparse sweep on both
+  gpu_seq 0 linsp-0 "--spec specs/h200.yaml --sweep linear --only kernel=fla_linear_attn --only kernel=fla_simple_gla" \
+    "--spec specs/h200.yaml --sweep linear_softmax" "--spec specs/h200.yaml --sweep sparse --shard 0/2" &
+  gpu_seq 1 linsp-1 "--spec specs/h200.yaml --sweep linear --only kernel=fla_gla --only kernel=fla_gated_deltanet" \
+    "--spec specs/h200.yaml --sweep sparse --shard 1/2" &
+  wait; cleanup
+}
+cp_sweeps() {  # CP on all GPUs until the call's time is up, the sweeps in priority order
+  local args s
+  for args in "--sweep cp_masks --only seqlen=64K --only seqlen=256K" "--sweep cp_sparse" \
+              "--sweep cp_goal --only seqlen=64K --only seqlen=128K" "--sweep cp_goal" "--sweep cp_masks"; do
+    s=$(left); [ "$s" -le 10 ] && break
+    timeout -k 10 -s TERM "$s" python3 -m longca.cli run --spec specs/h200-cp.yaml $args >> "$logs/cp.log" 2>&1
+    cleanup
+  done
+}
+
 case "$stage" in
-  sparse)  # the sparse sweep on both GPUs, the project's Triton kernel first (the 64K goal), then Flex
+  single) single_gpu_sweeps; wait; cleanup ;;
+  sparse)
     for ((g = 0; g < ngpu; g++)); do
       gpu_seq "$g" "sparse-$g" "--spec specs/h200.yaml --sweep sparse --only kernel=triton_block_sparse --shard $g/$ngpu" \
         "--spec specs/h200.yaml --sweep sparse --only kernel=flex --shard $g/$ngpu" &
     done
     wait; cleanup ;;
-  linear_sparse)  # fla autotuning warmed in parallel (PREWARM_S=0 skips it when the autotune cache
-    # is carried), then the linear and sparse sweeps on both GPUs
+  linear_sparse)
     [ "${PREWARM_S:-200}" -gt 0 ] && prewarm_linear "${PREWARM_S:-200}"
-    gpu_seq 0 linsp-0 "--spec specs/h200.yaml --sweep linear --only kernel=fla_linear_attn --only kernel=fla_simple_gla" \
-      "--spec specs/h200.yaml --sweep linear_softmax" "--spec specs/h200.yaml --sweep sparse --shard 0/2" &
-    gpu_seq 1 linsp-1 "--spec specs/h200.yaml --sweep linear --only kernel=fla_gla --only kernel=fla_gated_deltanet" \
-      "--spec specs/h200.yaml --sweep sparse --shard 1/2" &
-    wait; cleanup ;;
-  linear_tune)  # GPU 0: two linear kernels, softmax at D=64, long Flex; GPU 1: Triton sparse tiles
-    # tuned (and the 64K goal shape), the other two linear kernels, long Flex
-    gpu_seq 0 linear0 "--spec specs/h200.yaml --sweep linear --only kernel=fla_linear_attn --only kernel=fla_simple_gla" \
-      "--spec specs/h200.yaml --sweep linear_softmax" "--spec specs/h200.yaml --sweep long --only kernel=flex --shard 0/2" &
-    ( CUDA_VISIBLE_DEVICES=1 timeout -k 10 -s TERM 230 python3 benchmarks/sparse_triton.py "$logs/sparse_tune" \
-        --budget-s 190 --no-check --tune-only > "$logs/sparse_tune.log" 2>&1
-      gpu_seq 1 linear1 "--spec specs/h200.yaml --sweep linear --only kernel=fla_gla --only kernel=fla_gated_deltanet" \
-        "--spec specs/h200.yaml --sweep long --only kernel=flex --shard 1/2" ) &
-    wait; cleanup ;;
-  single) single_gpu_sweeps; wait; cleanup ;;
-  linear_sparse_cp)  # linear attention (GPU 0) and block-sparse (GPU 1) for SPLIT_S seconds, then CP on both
-    export PHASE_END=${SPLIT_S:-270}
-    gpu_seq 0 linear "--spec specs/h200.yaml --sweep linear" "--spec specs/h200.yaml --sweep linear_softmax" &
-    gpu_seq 1 sparse "--spec specs/h200.yaml --sweep long --only kernel=sdpa_cudnn --only mask=full --only seqlen=64K" \
-      "--spec specs/h200.yaml --sweep sparse" &
-    wait; cleanup
-    for args in "--sweep cp_sparse" "--sweep cp_goal --only seqlen=64K --only seqlen=128K" \
-                "--sweep cp_masks --only seqlen=64K --only seqlen=256K" "--sweep cp_goal" "--sweep cp_masks"; do
-      s=$(( $(left) )); [ "$s" -le 10 ] && break
-      timeout -k 10 -s TERM "$s" python3 -m longca.cli run --spec specs/h200-cp.yaml $args >> "$logs/cp.log" 2>&1
-      cleanup
-    done ;;
-  cp_linear_sparse)  # CP on both GPUs, then linear attention (GPU 0) and block-sparse (GPU 1)
-    cp_until=$(( limit - ${SPLIT_S:-260} ))
-    for args in "--sweep cp_goal --only seqlen=64K --only seqlen=128K" "--sweep cp_sparse" \
-                "--sweep cp_masks --only seqlen=64K --only seqlen=256K" "--sweep cp_goal" "--sweep cp_masks"; do
-      s=$(( cp_until - (SECONDS - start) )); [ "$s" -le 10 ] && break
-      timeout -k 10 -s TERM "$s" python3 -m longca.cli run --spec specs/h200-cp.yaml $args >> "$logs/cp.log" 2>&1
-      cleanup
-    done
-    gpu_seq 0 linear "--spec specs/h200.yaml --sweep linear" "--spec specs/h200.yaml --sweep linear_softmax" &
-    gpu_seq 1 sparse "--spec specs/h200.yaml --sweep sparse" &
-    wait; cleanup ;;
-  first)
-    dense_shards 0 $((ngpu > 1 ? ngpu - 1 : 1))
-    last=$((ngpu - 1))
-    CUDA_VISIBLE_DEVICES=$last timeout 120 python3 benchmarks/timer_fidelity.py "$logs/fidelity.json" > "$logs/fidelity.log" 2>&1
-    CUDA_VISIBLE_DEVICES=$last timeout 120 python3 tools/fa4_smoke.py > "$logs/fa4_smoke.log" 2>&1
-    CUDA_VISIBLE_DEVICES=$last timeout 90 python3 benchmarks/sparse_check.py "$logs/sparse_check" > "$logs/sparse_check.log" 2>&1
-    if [ "$ngpu" -gt 1 ]; then
-      CUDA_VISIBLE_DEVICES=$last timeout -s KILL "$(left)" python3 -m longca.cli run --spec specs/h200.yaml \
-        --shard "$last/$ngpu" > "$logs/dense-last.log" 2>&1 &
-    fi
-    wait ;;
-  dense) dense_shards 0 "$ngpu"; wait ;;
-  extra)
-    dense_shards 0 $((ngpu > 1 ? ngpu - 1 : 1))
-    last=$((ngpu - 1))
-    CUDA_VISIBLE_DEVICES=$last timeout 200 python3 benchmarks/sparse_triton.py "$logs/sparse" --budget-s 150 > "$logs/sparse.log" 2>&1
-    CUDA_VISIBLE_DEVICES=$last timeout "$(left)" python3 benchmarks/linear_attention.py "$logs/linear" --head-dims 128 \
-      --budget-s $(( $(left) - 40 )) > "$logs/linear.log" 2>&1
-    wait ;;
-  cp) timeout -s KILL "$(left)" python3 -m longca.cli run --spec specs/h200-cp.yaml > "$logs/cp.log" 2>&1 ;;
-  final)  # CP goal subset on both GPUs; then 32K dense + linear attention, one GPU each
-    timeout -k 10 -s TERM 170 python3 -m longca.cli run --spec specs/h200-cp.yaml --sweep cp_goal \
-      --only heads=64:8 --only cp_mechanism=ring_p2p --only cp_mechanism=ulysses --only seqlen=64K \
-      --only seqlen=128K > "$logs/cp.log" 2>&1
-    cleanup
-    CUDA_VISIBLE_DEVICES=0 timeout -k 10 -s TERM "$(left)" python3 -m longca.cli run --spec specs/h200.yaml \
-      --sweep dense --only seqlen=32K > "$logs/dense32k.log" 2>&1 &
-    CUDA_VISIBLE_DEVICES=1 timeout 150 python3 benchmarks/linear_attention.py "$logs/linear" --head-dims 128 \
-      --budget-s 100 > "$logs/linear.log" 2>&1
-    CUDA_VISIBLE_DEVICES=1 timeout -k 10 -s TERM "$(left)" python3 -m longca.cli run --spec specs/h200.yaml \
-      --sweep dense --only seqlen=8K > "$logs/dense8k.log" 2>&1
-    wait; cleanup ;;
-  cp_extra)  # the CP goal sweep on both GPUs, its single-GPU baseline, then long context + sparse + linear
-    timeout -s KILL 250 python3 -m longca.cli run --spec specs/h200-cp.yaml --sweep cp_goal > "$logs/cp.log" 2>&1
-    timeout -s KILL 60 python3 -m torch.distributed.run --standalone --nproc-per-node 1 -m longca.cp.bench \
-      --preset h200_goal_single --out-dir "$logs/single" > "$logs/cp_single.log" 2>&1
-    CUDA_VISIBLE_DEVICES=0 timeout -s KILL "$(left)" python3 -m longca.cli run --spec specs/h200.yaml --sweep long \
-      > "$logs/long.log" 2>&1 &
-    CUDA_VISIBLE_DEVICES=1 timeout 170 python3 benchmarks/sparse_triton.py "$logs/sparse" --budget-s 120 > "$logs/sparse.log" 2>&1
-    CUDA_VISIBLE_DEVICES=1 timeout "$(left)" python3 benchmarks/linear_attention.py "$logs/linear" --head-dims 128 \
-      --budget-s $(( $(left) - 45 )) > "$logs/linear.log" 2>&1
-    wait ;;
+    linear_and_sparse ;;
+  cp) cp_sweeps ;;
+  linear_sparse_cp) export PHASE_END=${SPLIT_S:-270}; linear_and_sparse; unset PHASE_END; cp_sweeps ;;
+  sparse_tune)
+    CUDA_VISIBLE_DEVICES=0 timeout -k 10 -s TERM "$(left)" python3 benchmarks/sparse_triton.py "$logs/sparse_tune" \
+      --budget-s $(( $(left) - 40 )) --no-check --tune-only > "$logs/sparse_tune.log" 2>&1 ;;
+  checks)
+    CUDA_VISIBLE_DEVICES=0 timeout 120 python3 benchmarks/timer_fidelity.py "$logs/fidelity.json" > "$logs/fidelity.log" 2>&1
+    CUDA_VISIBLE_DEVICES=0 timeout 120 python3 tools/fa4_smoke.py > "$logs/fa4_smoke.log" 2>&1
+    CUDA_VISIBLE_DEVICES=0 timeout 90 python3 benchmarks/sparse_check.py "$logs/sparse_check" > "$logs/sparse_check.log" 2>&1 ;;
   *) echo "unknown stage $stage"; exit 2 ;;
 esac
 for spec in h200 h200-cp; do
@@ -191,7 +129,7 @@ tar czf "$out/logs.tar.gz" "$logs" 2>/dev/null
 python3 - <<'PY'
 import collections, glob, pyarrow.parquet as pq
 c = collections.Counter(); bad = []
-for f in glob.glob("results/**/*.parquet", recursive=True):
+for f in glob.glob("results/*/cells/**/*.parquet", recursive=True):  # not the aggregates: same rows
     for r in pq.read_table(f, columns=["sweep", "kernel", "status", "reason"]).to_pylist():
         c[(r["sweep"], r["kernel"], r["status"])] += 1
         if r["status"] in ("error", "incorrect") and len(bad) < 12:
