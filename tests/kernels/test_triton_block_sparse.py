@@ -153,15 +153,20 @@ def test_uniform_blocks_gqa_with_empty_rows_and_columns():
     assert (got["dk"][:, 1, 64:96] == 0).all() and (got["dv"][:, 1, 64:96] == 0).all()
 
 
-@needs_triton
-@pytest.mark.parametrize("block", [64, 128])
-def test_blocks_64_and_128_with_larger_tiles(block):
+def _two_blocks(block: int) -> BlockLayout:
+    """2 x 2 uniform blocks of `block` tokens, random kept blocks (column 0 always kept)."""
     rng = np.random.default_rng(block)
     kept = rng.random((1, 2, 2)) < 0.6
     kept[0, :, 0] = True
     bounds = np.arange(3) * block
+    return BlockLayout(bounds, bounds, kept, block)
+
+
+@needs_triton
+@pytest.mark.parametrize("block", [64, 128])
+def test_blocks_64_and_128_with_larger_tiles(block):
     cfg = KernelConfig(TileConfig(64, 32), TileConfig(32, 64), TileConfig(64, 32))
-    plan, _ = run_and_compare(BlockLayout(bounds, bounds, kept, block), cfg, hq=2, hkv=1, d=32)
+    plan, _ = run_and_compare(_two_blocks(block), cfg, hq=2, hkv=1, d=32)
     assert plan.fast_path
 
 
@@ -254,12 +259,8 @@ def test_default_head_dim_128_config_per_block(block):
     # The shipped D=128 tiles for uniform blocks (the H200 sweep's shapes): forward and gradients.
     from longca.kernels.triton_sparse.configs import default_config
 
-    rng = np.random.default_rng(block)
-    kept = rng.random((1, 2, 2)) < 0.6
-    kept[0, :, 0] = True
-    bounds = np.arange(3) * block
     cfg = default_config(128, block)
-    plan, _ = run_and_compare(BlockLayout(bounds, bounds, kept, block), cfg, hq=2, hkv=1, d=128)
+    plan, _ = run_and_compare(_two_blocks(block), cfg, hq=2, hkv=1, d=128)
     assert plan.fast_path and plan.config == cfg  # the tuned tiles divide the block: nothing shrunk
 
 

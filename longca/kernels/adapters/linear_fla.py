@@ -33,6 +33,7 @@ and kept in ``Prepared.extra["inputs"]``; ``Prepared.extra`` also carries:
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import time
@@ -194,8 +195,10 @@ class FlaLinearKernel:
         )
 
 
+@functools.cache
 def dqkwg_guard_flags() -> dict[str, Any]:
-    """The flags fla's chunk_bwd_dqkwg guard reads, from fla itself, and the Triton version."""
+    """The flags fla's chunk_bwd_dqkwg guard reads, from fla itself, and the Triton version (fixed
+    for the process: read once, not at every backward cell)."""
     import triton
     from fla.ops.common import chunk_o
 

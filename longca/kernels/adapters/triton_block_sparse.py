@@ -55,8 +55,8 @@ class TritonBlockSparse:
 
         # The tiles that ran (after shrinking to divide the block) go into the row's `backend`, so
         # rows measured under different tile configs stay distinguishable.
-        info = {"backend": f"triton tiles {plan.config.as_text()}", "tiles": plan.config.as_dict(),
-                "uniform_block": mask.blocks.uniform_block, "fast_path": plan.fast_path}
+        info = {"backend": f"triton tiles {plan.config.as_text()}", "uniform_block": mask.blocks.uniform_block,
+                "fast_path": plan.fast_path}
         return Prepared(call=call, layout=self.layout, build_s=build_s, info=info)
 
 
