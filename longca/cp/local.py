@@ -172,10 +172,19 @@ class Flex:
         self._fn = None
 
     def _flex(self, device: torch.device):
+        # On CUDA the single-device adapter's compiled flex_attention, whose raised recompile limits
+        # matter here: every ring step's BlockMask and the check length recompile, and past dynamo's
+        # default limit (8) it falls back to eager flex, which materialises S x S scores (the H200's
+        # CP backward asked for 256 GiB that way).
         if self._fn is None:
-            from torch.nn.attention.flex_attention import flex_attention
+            if device.type == "cuda":
+                from longca.kernels.adapters.flex import compiled_flex
 
-            self._fn = torch.compile(flex_attention, dynamic=False) if device.type == "cuda" else flex_attention
+                self._fn = compiled_flex()
+            else:
+                from torch.nn.attention.flex_attention import flex_attention
+
+                self._fn = flex_attention
         return self._fn
 
     def prepare(self, slices, seqlen_q, seqlen_k, device):

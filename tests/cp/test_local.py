@@ -88,3 +88,16 @@ def test_capabilities_and_names_are_checked_with_clear_messages():
         check_local(get_local("sdpa"), "cpu", "bfloat16")
     with pytest.raises(ValueError, match="unknown local_kernel 'fa9'; allowed"):
         get_local("fa9")
+
+
+def test_flex_on_cuda_shares_the_adapter_compiled_flex_with_raised_recompile_limits():
+    # Building the compiled wrapper touches no GPU. Every ring step and check length recompiles;
+    # dynamo's default limit (8) would drop to eager flex, which materialises S x S scores.
+    import torch._dynamo
+
+    from longca.kernels.adapters.flex import RECOMPILE_LIMIT, compiled_flex
+
+    fn = Flex()._flex(torch.device("cuda"))
+    assert fn is compiled_flex()
+    assert torch._dynamo.config.recompile_limit >= RECOMPILE_LIMIT
+    assert Flex()._flex(torch.device("cpu")) is not fn  # CPU runs eager flex (no CPU backward anyway)
