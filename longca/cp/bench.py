@@ -20,17 +20,23 @@ Block-sparse masks (block_sparse, variable_block_sparse; kept blocks per KV head
 run with local kernels that take block lists (naive, flex, triton_block_sparse) on contiguous or
 zigzag sharding; their areas and FLOPs use the mean area per head, as single-device rows do.
 All ranks agree on every failure (an all-reduced status) so one cell's failure never
-desynchronises the next. A failure inside a collective on one rank only can still hang the group;
-the caller treats a cell without an output file as an error.
+desynchronises the next. A failure inside a collective on one rank only can still stall the group,
+until the collective timeout (the largest timeout_s of the cells) makes it fail; the caller
+(longca.run.chunk) gives each cell its own limit and turns a cell without an output file into a
+`timeout` or `error` row.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import faulthandler
+import importlib
 import json
 import math
 import os
 import platform
+import signal
 import sys
 import time
 import traceback
@@ -57,6 +63,7 @@ CHECK_SEQLEN = {"cpu": 256, "cuda": 4096}  # default reduced length of the corre
 REQUIRED = ("cell_id", "mechanism", "mask", "seqlen", "batch", "heads_q", "heads_kv", "head_dim", "dtype",
             "pass", "world_size", "balance", "local_kernel")
 STATUS_CODE = {"ok": 0, "unsupported": 1, "incorrect": 2, "oom": 3, "error": 4}
+DEFAULT_TIMEOUT_S = 600.0  # collective timeout when cells carry no timeout_s
 
 
 class CellFailure(Exception):
@@ -67,8 +74,11 @@ class CellFailure(Exception):
 
 
 # ------------------------------------------------------------------------------ process group
-def init_distributed(backend: str | None = None) -> tuple[int, int, int]:
-    """Join the group started by torchrun (RANK/WORLD_SIZE) or srun (SLURM_PROCID/SLURM_NTASKS)."""
+def init_distributed(backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[int, int, int]:
+    """Join the group started by torchrun (RANK/WORLD_SIZE) or srun (SLURM_PROCID/SLURM_NTASKS).
+
+    timeout_s bounds every collective: one left waiting for a rank that failed or went elsewhere
+    raises instead of hanging the group for good."""
     if "RANK" not in os.environ and "SLURM_PROCID" in os.environ:
         os.environ["RANK"] = os.environ["SLURM_PROCID"]
         os.environ["WORLD_SIZE"] = os.environ["SLURM_NTASKS"]
@@ -83,7 +93,7 @@ def init_distributed(backend: str | None = None) -> tuple[int, int, int]:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(local)
-    dist.init_process_group(backend)
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
     return dist.get_rank(), dist.get_world_size(), local
 
 
@@ -422,6 +432,8 @@ def write_row(row: dict, out_dir: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Every thread's stack on SIGUSR1: the supervisor asks for them before killing a hung group.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     ap = argparse.ArgumentParser(prog="python -m longca.cp.bench", description=__doc__.split("\n\n")[0])
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--cells-json", help="JSON list of CP cells")
@@ -449,7 +461,11 @@ def main(argv: list[str] | None = None) -> int:
                          f"and {sorted(backends)}")
     device_type = devices.pop() if devices else "cpu"
     backend = backends.pop() if backends else ("nccl" if device_type == "cuda" else "gloo")
-    rank, world, local = init_distributed(backend)
+    # The same plugins as single-device workers (they may add LOCAL_KERNELS, e.g. tests' faulty ones).
+    for name in filter(None, (m.strip() for m in os.environ.get("LONGCA_PLUGINS", "").split(","))):
+        importlib.import_module(name)
+    timeout_s = max((float(c["timeout_s"]) for c in cells if c.get("timeout_s")), default=DEFAULT_TIMEOUT_S)
+    rank, world, local = init_distributed(backend, timeout_s)
     device = torch.device("cuda", local) if device_type == "cuda" else torch.device("cpu")
     try:
         for cell in cells:

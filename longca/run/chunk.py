@@ -7,11 +7,14 @@
   the remaining cells. A worker that dies mid-cell (segfault, abort, OOM-kill) costs only that
   cell, recorded as `error` with the signal and the end of its log.
 - Context-parallel cells are launched as N processes (torchrun locally, srun inside a SLURM
-  allocation) running longca.cp.bench; rank 0 reports each cell, and the supervisor writes the rows.
+  allocation) running longca.cp.bench; rank 0 reports each cell, and the supervisor writes the rows,
+  streams the group's log to its stderr, and watches each cell's time limit the same way: a hung or
+  crashed group costs its running cell, and a new group continues with the rest.
 """
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import select
@@ -30,21 +33,46 @@ from longca.spec.load import load_spec
 from longca.store.write import write_rows
 
 GRACE_S = 30.0  # start-up and compilation allowance on top of a cell's own limit
-_children: set[subprocess.Popen] = set()  # process groups to take down if we are stopped
+# A CP launcher's time to stop its ranks on SIGTERM (srun forwards it) before SIGKILL; with the stack
+# dump, _on_term stays well inside the 10 s tools/h200_call.sh gives between its TERM and KILL.
+CP_TERM_WAIT_S = 5.0
+# Children to take down if we are stopped -> seconds they get after SIGTERM before SIGKILL.
+_children: dict[subprocess.Popen, float] = {}
+# Logs of running CP groups -> [bytes already copied to our stderr, decoder]: streamed as they grow,
+# so a chunk stopped from outside still shows what its group was doing.
+_streams: dict[Path, list] = {}
 
 
 def _on_term(signum, frame):  # noqa: ARG001
     """Stopped (SIGTERM, e.g. a scheduler's time limit): stop workers and CP groups too, never orphan them."""
-    for proc in list(_children):
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    for proc, term_wait_s in list(_children.items()):
+        if term_wait_s and proc.poll() is None:  # a CP group: show where it was
+            _dump_stacks(proc, 1.0)
+        _stop(proc, term_wait_s)
+    for path in list(_streams):
+        _pump(path)
     raise SystemExit(128 + signum)
 
 
 def _log(msg: str) -> None:
     print(f"[longca] {msg}", file=sys.stderr, flush=True)
+
+
+def _pump(path: Path) -> None:
+    """Copy what a streamed log gained since the last call to our stderr."""
+    state = _streams.get(path)
+    if state is None:
+        return
+    try:
+        with open(path, "rb") as f:
+            f.seek(state[0])
+            data = f.read()
+    except OSError:
+        return
+    if data:
+        state[0] += len(data)
+        sys.stderr.write(state[1].decode(data))
+        sys.stderr.flush()
 
 
 def _tail(path: Path, n: int = 1500) -> str:
@@ -55,12 +83,85 @@ def _tail(path: Path, n: int = 1500) -> str:
     return " | ".join(line for line in data.splitlines() if line.strip())[-n:]
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def _descendants(pid: int) -> dict[int, int]:
+    """Process group of every live descendant of pid, by pid (from /proc; empty where there is none)."""
+    children: dict[int, list[int]] = {}
+    groups: dict[int, int] = {}
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+        entries = [e.name for e in os.scandir("/proc") if e.name.isdigit()]
+    except OSError:
+        return {}
+    for name in entries:
+        try:
+            fields = Path("/proc", name, "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(name))
+        groups[int(name)] = int(fields[2])
+    out: dict[int, int] = {}
+    stack = [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            if child not in out:
+                out[child] = groups[child]
+                stack.append(child)
+    return out
+
+
+def _stop(proc: subprocess.Popen, term_wait_s: float = 0.0) -> None:
+    """SIGKILL a child's process group and all its descendants, after term_wait_s of SIGTERM when given.
+
+    Descendants are found by walking /proc, not by group: torchrun starts every rank in a session of
+    its own, so killing torchrun's group alone orphans the ranks (still holding their GPUs). Never
+    waits through Popen (its lock is not reentrant), so the SIGTERM handler may call it."""
+    if proc.poll() is not None:  # already reaped: its pid may name another process by now
+        return
+    tree = _descendants(proc.pid)
+    if term_wait_s > 0:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+        end = time.monotonic() + term_wait_s
+        while proc.poll() is None and time.monotonic() < end:
+            time.sleep(0.1)
+        tree.update(_descendants(proc.pid))
+    for group in {proc.pid, *tree.values()} - {os.getpgrp()}:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for pid in tree:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _dump_stacks(proc: subprocess.Popen, wait_s: float = 2.0) -> None:
+    """Ask a CP group's ranks for their Python stacks (longca.cp.bench registers faulthandler on
+    SIGUSR1), so the log shows where a hung group is stuck. srun forwards the signal to its tasks;
+    under torchrun the ranks are signalled directly (torchrun itself would die of it)."""
+    targets = [proc.pid] if Path(proc.args[0]).name == "srun" else []
+    for pid in _descendants(proc.pid):
+        try:
+            if b"longca.cp.bench" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                targets.append(pid)
+        except OSError:
+            pass
+    for pid in targets:
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except (ProcessLookupError, PermissionError):
+            pass
+    if targets:
+        time.sleep(wait_s)
+
+
+def _kill(proc: subprocess.Popen, term_wait_s: float = 0.0) -> None:
+    _stop(proc, term_wait_s)
     proc.wait()
+    _children.pop(proc, None)
 
 
 def _describe_exit(code: int | None) -> str:
@@ -90,7 +191,7 @@ def run_device_cells(cells: list[Cell], outputs: list[str], workdir: Path) -> di
             proc = subprocess.Popen([sys.executable, "-m", "longca.run.worker", str(job_file), str(write_fd)],
                                     pass_fds=(write_fd,), stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True)
-            _children.add(proc)
+            _children[proc] = 0.0
         os.close(write_fd)
         reader = os.fdopen(read_fd, "r")
         current = None
@@ -145,6 +246,7 @@ def run_device_cells(cells: list[Cell], outputs: list[str], workdir: Path) -> di
                     if finished_through + 1 < len(cells):
                         deadline = time.monotonic() + cells[finished_through + 1].timeout_s + GRACE_S
         reader.close()
+        _children.pop(proc, None)
         stats["kernel_s"] += stats.pop("kernel_s_worker", 0.0)
         sys.stderr.write(log_path.read_text(errors="replace"))
         start = finished_through + 1
@@ -166,31 +268,29 @@ def cp_launch_command(world: int, launcher: str) -> list[str]:
             "-m", "longca.cp.bench"]
 
 
+def _cp_payload(c: Cell) -> dict:
+    return {
+        "cell_id": c.digest, "mechanism": c.cp_mechanism, "mask": c.mask, "mask_params": dict(c.mask_params),
+        "seqlen": c.seqlen, "batch": c.batch, "heads_q": c.heads_q, "heads_kv": c.heads_kv,
+        "head_dim": c.head_dim, "dtype": c.dtype, "pass": c.pass_, "world_size": c.world_size,
+        "degrees": dict(c.cp_degrees), "balance": c.cp_balance, "local_kernel": c.kernel, "seed": c.seed,
+        "samples": c.samples, "device": c.device, "backend": c.cp_backend, "timeout_s": c.timeout_s,
+        "check": c.check_dict, **dict(c.repeat),
+    }
+
+
 def run_cp_cells(cells: list[Cell], outputs: list[str], workdir: Path, launcher: str = "auto") -> None:
-    """Launch one N-process group for the chunk's CP cells (all of one world size)."""
+    """Run the chunk's CP cells (all of one world size) in N-process groups, one cell limit at a time.
+
+    Rank 0 runs cells in payload order, so the first cell without a result file is the running one.
+    When it outlives its limit (plus GRACE_S for a group's first cell, which covers start-up) the
+    group is killed, the cell gets a `timeout` row and a new group starts at the next cell; a group
+    that exits early costs its running cell an `error` row the same way. Every launch consumes at
+    least one cell, so the loop ends."""
     world = cells[0].world_size
-    cells_file = workdir / "cp_cells.json"
     out_dir = workdir / "cp_out"
     out_dir.mkdir()
-    payload = []
-    for c in cells:
-        payload.append({
-            "cell_id": c.digest, "mechanism": c.cp_mechanism, "mask": c.mask, "mask_params": dict(c.mask_params),
-            "seqlen": c.seqlen, "batch": c.batch, "heads_q": c.heads_q, "heads_kv": c.heads_kv,
-            "head_dim": c.head_dim, "dtype": c.dtype, "pass": c.pass_, "world_size": c.world_size,
-            "degrees": dict(c.cp_degrees), "balance": c.cp_balance, "local_kernel": c.kernel, "seed": c.seed,
-            "samples": c.samples, "device": c.device, "backend": c.cp_backend, "timeout_s": c.timeout_s,
-            "check": c.check_dict, **dict(c.repeat),
-        })
-    cells_file.write_text(json.dumps(payload))
-    env = dict(os.environ)
-    env.setdefault("MASTER_ADDR", socket.gethostname() if os.environ.get("SLURM_JOB_ID") else "127.0.0.1")
-    env.setdefault("MASTER_PORT", str(_free_port()))
-    env.setdefault("NCCL_NVLS_ENABLE", "0")
-    cmd = cp_launch_command(world, launcher) + ["--cells-json", str(cells_file), "--out-dir", str(out_dir)]
-    limit = sum(c.timeout_s for c in cells) + GRACE_S * 2
-    log_path = workdir / "cp.log"
-    _log(f"launching {len(cells)} CP cell(s) on {world} processes: {' '.join(cmd[:6])} ...")
+    payload = [_cp_payload(c) for c in cells]
     done: set[str] = set()
 
     def collect() -> None:
@@ -208,31 +308,70 @@ def run_cp_cells(cells: list[Cell], outputs: list[str], workdir: Path, launcher:
             write_rows(path, rows)
             done.add(cell.digest)
 
-    deadline = time.monotonic() + limit
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        _children.add(proc)
-        code, why = None, ""
-        while True:
-            try:
-                code = proc.wait(timeout=2.0)
-                why = _describe_exit(code)
-                break
-            except subprocess.TimeoutExpired:
-                collect()
-                if time.monotonic() > deadline:
-                    _kill(proc)
-                    code, why = None, f"the CP process group exceeded its time limit of {limit:g} s and was killed"
+    def first_open(lo: int) -> int:
+        return next((i for i in range(lo, len(cells)) if cells[i].digest not in done), len(cells))
+
+    start = 0
+    while start < len(cells):
+        cells_file = workdir / f"cp_cells-{start}.json"
+        cells_file.write_text(json.dumps(payload[start:]))
+        env = dict(os.environ)
+        env.setdefault("MASTER_ADDR", socket.gethostname() if os.environ.get("SLURM_JOB_ID") else "127.0.0.1")
+        if "MASTER_PORT" not in os.environ:  # a fresh port per launch: a killed group's may still be held
+            env["MASTER_PORT"] = str(_free_port())
+        env.setdefault("NCCL_NVLS_ENABLE", "0")
+        cmd = cp_launch_command(world, launcher) + ["--cells-json", str(cells_file), "--out-dir", str(out_dir)]
+        log_path = workdir / f"cp-{start}.log"
+        _log(f"launching {len(cells) - start} CP cell(s) on {world} processes: {' '.join(cmd[:6])} ...")
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            _children[proc] = CP_TERM_WAIT_S
+        _streams[log_path] = [0, codecs.getincrementaldecoder("utf-8")(errors="replace")]
+        current = start
+        deadline = time.monotonic() + GRACE_S + cells[start].timeout_s
+        code = None
+        hung_log = ""
+        try:
+            while True:
+                try:
+                    code = proc.wait(timeout=max(0.0, min(2.0, deadline - time.monotonic())))
                     break
-    collect()
-    sys.stderr.write(log_path.read_text(errors="replace")[-20000:])
-    for cell, path in zip(cells, outputs):
-        if cell.digest in done:
-            continue
-        else:
-            status = "timeout" if code is None else "error"
-            write_rows(path, [status_row(cell, status, f"no result from the CP process group ({why}); log: "
-                                                       f"{_tail(log_path)}"[:2000])])
+                except subprocess.TimeoutExpired:
+                    pass
+                _pump(log_path)
+                collect()
+                now_open = first_open(current)
+                if now_open != current:  # a new result: the clock starts for the next cell (or shut-down)
+                    current = now_open
+                    deadline = time.monotonic() + (cells[current].timeout_s if current < len(cells) else GRACE_S)
+                elif time.monotonic() >= deadline:
+                    _dump_stacks(proc)
+                    hung_log = _tail(log_path)  # before the launcher's shutdown messages
+                    _kill(proc, CP_TERM_WAIT_S)
+                    break
+        finally:
+            _children.pop(proc, None)
+        _pump(log_path)
+        sys.stderr.write(_streams.pop(log_path)[1].decode(b"", final=True))
+        collect()
+        idx = first_open(start)
+        if idx >= len(cells):
+            break
+        cell = cells[idx]
+        if code is None and idx == current:
+            reason = (f"exceeded the cell time limit of {cell.timeout_s:g} s"
+                      + (f" (+{GRACE_S:g} s start-up)" if idx == start else "")
+                      + f"; CP process group killed; log: {hung_log}")
+            write_rows(outputs[idx], [status_row(cell, "timeout", reason[:2000])])
+            _log(f"{cell.id}: timeout after {cell.timeout_s:g} s")
+            done.add(cell.digest)
+        elif code is not None:
+            reason = f"no result from the CP process group ({_describe_exit(code)}); log: {_tail(log_path)}"
+            write_rows(outputs[idx], [status_row(cell, "error", reason[:2000])])
+            _log(f"{cell.id}: {reason[:300]}")
+            done.add(cell.digest)
+        # else: killed as its cell was reported: progress was made, the next group starts at the open cell
+        start = first_open(idx)
 
 
 def run_chunk(spec_path: str, outputs: list[str], results_dir: str = "results", launcher: str = "auto") -> int:

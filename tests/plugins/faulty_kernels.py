@@ -2,6 +2,8 @@
 
 Each fails in one way a real kernel can: wrong numbers, a crash, a hang, an exception, an
 out-of-memory error, or an impossible speed. The pipeline must turn each into the right row.
+CP local kernels of the same names (hang, segfault) fail on rank 1 only, so rank 0 is left waiting
+in a collective, as when one GPU of a group fails.
 """
 
 import os
@@ -10,6 +12,7 @@ import time
 
 import torch
 
+from longca.cp.local import LOCAL_KERNELS, Naive as LocalNaive
 from longca.kernels.adapters.naive import NaiveAttention
 from longca.kernels.base import Capabilities, Prepared
 from longca.kernels.registry import KERNELS, register
@@ -59,3 +62,26 @@ class Faulty:
 for _mode in ("wrong", "segfault", "hang", "raise", "oom", "too_fast"):
     if f"test_{_mode}" not in KERNELS:
         register(Faulty(f"test_{_mode}", _mode))
+
+
+class FaultyLocal(LocalNaive):
+    """CP local kernel failing on rank 1; with LONGCA_TEST_PID_DIR set, every rank first leaves
+    RANK-PID there, so a test can tell when the fault starts and check that no rank survives it."""
+
+    mode = ""
+
+    def fwd(self, q, k, v, sub):
+        pid_dir = os.environ.get("LONGCA_TEST_PID_DIR")
+        if pid_dir:
+            open(os.path.join(pid_dir, f"{os.environ.get('RANK')}-{os.getpid()}"), "w").close()
+        if os.environ.get("RANK") == "1":
+            if self.mode == "hang":
+                time.sleep(3600)
+            if self.mode == "segfault":
+                os.kill(os.getpid(), signal.SIGSEGV)
+        return super().fwd(q, k, v, sub)
+
+
+for _mode in ("hang", "segfault"):
+    LOCAL_KERNELS.setdefault(f"test_{_mode}", type(f"FaultyLocal_{_mode}", (FaultyLocal,),
+                                                    {"name": f"test_{_mode}", "mode": _mode}))

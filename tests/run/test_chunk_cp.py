@@ -1,0 +1,112 @@
+"""CP chunks on 2-process gloo groups: a hung or crashed group costs only its running cell, the
+cells after it run in a new group, no rank outlives its group, and the group's log reaches our
+stderr while it runs (so a chunk stopped from outside still shows what hung)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from longca.run.chunk import run_chunk
+from longca.spec.cells import expand
+from longca.spec.load import load_spec
+
+SPEC = """
+name: cpfaults
+device: cpu
+repeat: {warmup: 0, iters: 2, min_iters: 1, budget_s: 0.1, l2_flush: false}
+check: {max_seqlen: 128}
+masks: [causal]
+heads: ["2:2"]
+head_dims: [16]
+dtypes: [float32]
+passes: [fwd]
+sweeps:
+  - {name: good, kernels: [naive], seqlens: [64, 128], timeout_s: 120, cp: {mechanisms: [ring_p2p], world_sizes: [2]}}
+  - {name: bad, kernels: [test_hang, test_segfault], seqlens: [64], timeout_s: BAD_S,
+     cp: {mechanisms: [ring_p2p], world_sizes: [2]}}
+"""
+
+
+def _chunk(tmp_path: Path, bad_timeout_s: float) -> tuple[str, dict[str, object], list[str]]:
+    """The spec and, in payload order, good 64 / hang / segfault / good 128 cells and their outputs."""
+    path = tmp_path / "cpfaults.yaml"
+    path.write_text(SPEC.replace("BAD_S", str(bad_timeout_s)))
+    by_name = {f"{c.kernel}-{c.seqlen}": c for c in expand(load_spec(path))}
+    cells = {k: by_name[k] for k in ("naive-64", "test_hang-64", "test_segfault-64", "naive-128")}
+    return str(path), cells, [c.output(tmp_path / "results") for c in cells.values()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _pids(pid_dir: Path) -> list[int]:
+    return [int(f.name.split("-")[1]) for f in pid_dir.iterdir()]
+
+
+def test_hung_and_crashed_cp_cells_cost_only_themselves(tmp_path, plugin_env, monkeypatch, capfd):
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    monkeypatch.setenv("LONGCA_TEST_PID_DIR", str(pid_dir))
+    spec, cells, outputs = _chunk(tmp_path, 4)
+    t0 = time.monotonic()
+    run_chunk(spec, outputs, str(tmp_path / "results"))
+    wall = time.monotonic() - t0
+    rows = {}
+    for name, out in zip(cells, outputs):
+        table = pq.read_table(out).to_pylist()
+        assert len(table) == 1
+        rows[name] = (table[0]["status"], table[0]["reason"] or "")
+    assert rows["naive-64"][0] == "ok", rows["naive-64"]
+    hang = rows["test_hang-64"]
+    assert hang[0] == "timeout" and "time limit of 4 s" in hang[1], hang
+    assert "in _run_module_as_main" in hang[1], hang  # a rank's stack (its last frame), dumped before the kill
+    seg = rows["test_segfault-64"]
+    assert seg[0] == "error" and "no result from the CP process group (exit code" in seg[1], seg
+    assert "SIGSEGV" in seg[1], seg
+    assert rows["naive-128"][0] == "ok", rows["naive-128"]  # in a third group, after the crash
+    # One group for all would have waited out 120 + 4 + 4 + 120 s (+ grace) on the hung cell.
+    assert wall < 90, wall
+    assert len(_pids(pid_dir)) == 4 and not [p for p in _pids(pid_dir) if _alive(p)]
+    err = capfd.readouterr().err
+    for name in ("naive-64", "naive-128"):  # rank 0's lines, streamed from the groups' logs
+        assert f"[cp] {cells[name].digest}: ok" in err
+    assert "faulty_kernels.py" in err  # the hung rank's stack shows where it hangs
+
+
+def test_stopped_chunk_streams_the_group_log_and_leaves_no_rank(tmp_path, plugin_env):
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    spec, cells, outputs = _chunk(tmp_path, 120)
+    env = dict(os.environ, LONGCA_TEST_PID_DIR=str(pid_dir))
+    results = str(tmp_path / "results")
+    code = f"from longca.run.chunk import run_chunk; run_chunk({spec!r}, {outputs[:2]!r}, {results!r})"
+    err_path = tmp_path / "stderr.txt"
+    with open(err_path, "w") as err_file:
+        proc = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=err_file)
+    try:
+        end = time.monotonic() + 60
+        while len(list(pid_dir.iterdir())) < 2 and time.monotonic() < end and proc.poll() is None:
+            time.sleep(0.2)  # until both ranks are inside the hanging cell
+        assert len(list(pid_dir.iterdir())) == 2, proc.poll()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM
+    err = err_path.read_text()
+    assert f"[cp] {cells['naive-64'].digest}: ok" in err  # the group's log, though the group never ended
+    assert "faulty_kernels.py" in err  # and where its ranks were when stopped
+    assert not [p for p in _pids(pid_dir) if _alive(p)]
