@@ -12,7 +12,7 @@
 #     linear_sparse     fla autotuning warmed in parallel (PREWARM_S seconds, 0 to skip when the
 #                       autotune cache is carried), then the linear sweeps (GPU 0: two kernels and
 #                       linear_softmax, GPU 1: the other two), then the sparse sweep on both
-#     cp                specs/h200-cp.yaml on all GPUs, sweep by sweep in priority order
+#     cp                specs/h200-cp.yaml on all GPUs, sweep by sweep in priority order; RETRY as for single
 #     linear_sparse_cp  linear_sparse for SPLIT_S seconds, then cp
 #     sparse_tune       Triton block-sparse tiles tuned (benchmarks/sparse_triton.py --tune-only)
 #     checks            timer fidelity, FA4 smoke test and the sparse kernel check on GPU 0
@@ -92,7 +92,7 @@ cp_sweeps() {  # CP on all GPUs until the call's time is up, the sweeps in prior
   for args in "--sweep cp_masks --only seqlen=64K --only seqlen=256K" "--sweep cp_sparse" \
               "--sweep cp_goal --only seqlen=64K --only seqlen=128K" "--sweep cp_goal" "--sweep cp_masks"; do
     s=$(left); [ "$s" -le 10 ] && break
-    timeout -k 10 -s TERM "$s" python3 -m longca.cli run --spec specs/h200-cp.yaml $args >> "$logs/cp.log" 2>&1
+    timeout -k 10 -s TERM "$s" python3 -m longca.cli run --spec specs/h200-cp.yaml $args ${RETRY:-} >> "$logs/cp.log" 2>&1
     cleanup
   done
 }
