@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 from longca.run.cell import planned_unsupported, status_row
 from longca.spec.cells import Cell, expand
@@ -118,24 +119,23 @@ def _stop(proc: subprocess.Popen, term_wait_s: float = 0.0) -> None:
         return
     tree = _descendants(proc.pid)
     if term_wait_s > 0:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            pass
+        _send(os.killpg, proc.pid, signal.SIGTERM)
         end = time.monotonic() + term_wait_s
         while proc.poll() is None and time.monotonic() < end:
             time.sleep(0.1)
         tree.update(_descendants(proc.pid))
     for group in {proc.pid, *tree.values()} - {os.getpgrp()}:
-        try:
-            os.killpg(group, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        _send(os.killpg, group, signal.SIGKILL)
     for pid in tree:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        _send(os.kill, pid, signal.SIGKILL)
+
+
+def _send(kill: Callable[[int, int], None], target: int, sig: int) -> None:
+    """os.kill / os.killpg that ignores a target already gone (or no longer ours)."""
+    try:
+        kill(target, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _dump_stacks(proc: subprocess.Popen, wait_s: float = 2.0) -> None:
@@ -150,10 +150,7 @@ def _dump_stacks(proc: subprocess.Popen, wait_s: float = 2.0) -> None:
         except OSError:
             pass
     for pid in targets:
-        try:
-            os.kill(pid, signal.SIGUSR1)
-        except (ProcessLookupError, PermissionError):
-            pass
+        _send(os.kill, pid, signal.SIGUSR1)
     if targets:
         time.sleep(wait_s)
 
