@@ -2,7 +2,8 @@
 
 - Cells a kernel cannot run (known from capabilities) get their `unsupported` rows here, with no
   device touched.
-- Device cells run in a worker process (longca.run.worker). The supervisor watches each cell's
+- Device cells run in a worker process (longca.run.worker), its log streamed to our stderr as it
+  runs (a chunk stopped from outside still shows what it did). The supervisor watches each cell's
   time limit: on expiry it kills the worker, writes a `timeout` row and starts a new worker for
   the remaining cells. A worker that dies mid-cell (segfault, abort, OOM-kill) costs only that
   cell, recorded as `error` with the signal and the end of its log.
@@ -57,6 +58,18 @@ def _on_term(signum, frame):  # noqa: ARG001
 
 def _log(msg: str) -> None:
     print(f"[longca] {msg}", file=sys.stderr, flush=True)
+
+
+def _stream(path: Path) -> None:
+    """Start copying a child's log to our stderr as it grows (see _pump)."""
+    _streams[path] = [0, codecs.getincrementaldecoder("utf-8")(errors="replace")]
+
+
+def _end_stream(path: Path) -> None:
+    """Copy the rest of a child's log and stop streaming it."""
+    _pump(path)
+    sys.stderr.write(_streams.pop(path)[1].decode(b"", final=True))
+    sys.stderr.flush()
 
 
 def _pump(path: Path) -> None:
@@ -189,6 +202,7 @@ def run_device_cells(cells: list[Cell], outputs: list[str], workdir: Path) -> di
                                     pass_fds=(write_fd,), stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True)
             _children[proc] = 0.0
+        _stream(log_path)
         os.close(write_fd)
         reader = os.fdopen(read_fd, "r")
         current = None
@@ -198,6 +212,7 @@ def run_device_cells(cells: list[Cell], outputs: list[str], workdir: Path) -> di
         while True:
             timeout = max(0.0, deadline - time.monotonic())
             ready, _, _ = select.select([reader], [], [], min(timeout, 5.0))
+            _pump(log_path)
             if not ready:
                 if time.monotonic() >= deadline:
                     idx = current if current is not None else finished_through + 1
@@ -245,7 +260,7 @@ def run_device_cells(cells: list[Cell], outputs: list[str], workdir: Path) -> di
         reader.close()
         _children.pop(proc, None)
         stats["kernel_s"] += stats.pop("kernel_s_worker", 0.0)
-        sys.stderr.write(log_path.read_text(errors="replace"))
+        _end_stream(log_path)
         start = finished_through + 1
     return stats
 
@@ -323,7 +338,7 @@ def run_cp_cells(cells: list[Cell], outputs: list[str], workdir: Path, launcher:
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             _children[proc] = CP_TERM_WAIT_S
-        _streams[log_path] = [0, codecs.getincrementaldecoder("utf-8")(errors="replace")]
+        _stream(log_path)
         current = start
         deadline = time.monotonic() + GRACE_S + cells[start].timeout_s
         code = None
@@ -348,8 +363,7 @@ def run_cp_cells(cells: list[Cell], outputs: list[str], workdir: Path, launcher:
                     break
         finally:
             _children.pop(proc, None)
-        _pump(log_path)
-        sys.stderr.write(_streams.pop(log_path)[1].decode(b"", final=True))
+        _end_stream(log_path)
         collect()
         idx = first_open(start)
         if idx >= len(cells):
