@@ -29,3 +29,34 @@ def plugin_env(monkeypatch):
         if name.startswith("test_"):
             del reg.KERNELS[name]
     sys.modules.pop("faulty_kernels", None)
+
+
+@pytest.fixture
+def stopped_chunk(tmp_path):
+    """run(spec, outputs, results, ready, env=None, settle_s=0): run_chunk in a subprocess, SIGTERM
+    it once ready() holds (and settle_s more), and return (its exit code, its stderr)."""
+    import signal
+    import subprocess
+    import time
+
+    def run(spec, outputs, results, ready, env=None, settle_s=0.0, ready_s=90.0):
+        code = (f"from longca.run.chunk import run_chunk; "
+                f"run_chunk({str(spec)!r}, {[str(o) for o in outputs]!r}, {str(results)!r})")
+        err_path = tmp_path / "stderr.txt"
+        with open(err_path, "w") as err_file:
+            proc = subprocess.Popen([sys.executable, "-c", code], env=env or dict(os.environ), stderr=err_file)
+        try:
+            end = time.monotonic() + ready_s
+            while not ready() and time.monotonic() < end and proc.poll() is None:
+                time.sleep(0.2)
+            assert ready(), proc.poll()
+            time.sleep(settle_s)
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        return proc.returncode, err_path.read_text()
+
+    return run

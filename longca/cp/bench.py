@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import faulthandler
-import importlib
 import json
 import math
 import os
@@ -52,6 +51,7 @@ from longca.cp.mechanisms import MECHANISMS, build_plan, cp_attention, resolve_d
 from longca.cp.reference import reference_attention
 from longca.cp.sharding import BALANCES, granule, make_sharding
 from longca.cp.ulysses import kv_replication
+from longca.kernels.registry import load_plugins
 from longca.masks.registry import PATTERNS, build_mask
 
 PASSES = ("fwd", "bwd", "fwd_bwd")
@@ -462,8 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     device_type = devices.pop() if devices else "cpu"
     backend = backends.pop() if backends else ("nccl" if device_type == "cuda" else "gloo")
     # The same plugins as single-device workers (they may add LOCAL_KERNELS, e.g. tests' faulty ones).
-    for name in filter(None, (m.strip() for m in os.environ.get("LONGCA_PLUGINS", "").split(","))):
-        importlib.import_module(name)
+    load_plugins()
     timeout_s = max((float(c["timeout_s"]) for c in cells if c.get("timeout_s")), default=DEFAULT_TIMEOUT_S)
     rank, world, local = init_distributed(backend, timeout_s)
     device = torch.device("cuda", local) if device_type == "cuda" else torch.device("cpu")

@@ -20,6 +20,13 @@ def register(kernel: Kernel) -> Kernel:
     return kernel
 
 
+def load_plugins() -> None:
+    """Kernels outside the package (a user's own adapter, or tests' deliberately broken ones):
+    LONGCA_PLUGINS=module[,module...], importable from PYTHONPATH, each registering on import."""
+    for name in filter(None, (m.strip() for m in os.environ.get("LONGCA_PLUGINS", "").split(","))):
+        importlib.import_module(name)
+
+
 def load_all() -> dict[str, Kernel]:
     """Import every adapter module once. Adapters must import optional packages lazily."""
     global _loaded
@@ -28,10 +35,7 @@ def load_all() -> dict[str, Kernel]:
 
         for mod in sorted(m.name for m in pkgutil.iter_modules(pkg.__path__)):
             importlib.import_module(f"{pkg.__name__}.{mod}")
-        # Kernels outside the package (a user's own adapter, or tests' deliberately broken ones):
-        # LONGCA_PLUGINS=module[,module...], importable from PYTHONPATH, each calling register().
-        for name in filter(None, (m.strip() for m in os.environ.get("LONGCA_PLUGINS", "").split(","))):
-            importlib.import_module(name)
+        load_plugins()
         _loaded = True
     return KERNELS
 

@@ -46,34 +46,17 @@ def test_every_fault_ends_as_its_row(tmp_path, plugin_env, monkeypatch):
     assert status["test_oom"][0] == "oom"
 
 
-def test_stopped_chunk_streams_the_worker_log(tmp_path, plugin_env):
+def test_stopped_chunk_streams_the_worker_log(tmp_path, plugin_env, stopped_chunk):
     import os
     import signal
-    import subprocess
-    import sys
-    import time
 
     path = tmp_path / "faults.yaml"
     path.write_text(SPEC.replace("timeout_s: 4", "timeout_s: 120"))
     by_kernel = {c.kernel: c for c in expand(load_spec(path))}
     cells = [by_kernel["naive"], by_kernel["test_hang"]]  # the good cell, then one that never ends
     outputs = [str(c.output(tmp_path / "results")) for c in cells]
-    code = f"from longca.run.chunk import run_chunk; run_chunk({str(path)!r}, {outputs!r}, {str(tmp_path / 'results')!r})"
-    err_path = tmp_path / "stderr.txt"
-    with open(err_path, "w") as err_file:
-        proc = subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ), stderr=err_file)
-    try:
-        end = time.monotonic() + 90
-        while not os.path.exists(outputs[0]) and time.monotonic() < end and proc.poll() is None:
-            time.sleep(0.2)
-        assert os.path.exists(outputs[0]), proc.poll()
-        time.sleep(6)  # the supervisor copies the worker's log at least every 5 s
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 128 + signal.SIGTERM
+    # settle_s: the supervisor copies the worker's log at least every 5 s
+    code, err = stopped_chunk(path, outputs, tmp_path / "results", lambda: os.path.exists(outputs[0]), settle_s=6)
+    assert code == 128 + signal.SIGTERM
     # The worker never ended, yet its line for the finished cell reached the chunk's stderr.
-    assert f"[longca] {cells[0].id}: ok" in err_path.read_text()
+    assert f"[longca] {cells[0].id}: ok" in err

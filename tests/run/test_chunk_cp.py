@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -84,29 +82,15 @@ def test_hung_and_crashed_cp_cells_cost_only_themselves(tmp_path, plugin_env, mo
     assert "faulty_kernels.py" in err  # the hung rank's stack shows where it hangs
 
 
-def test_stopped_chunk_streams_the_group_log_and_leaves_no_rank(tmp_path, plugin_env):
+def test_stopped_chunk_streams_the_group_log_and_leaves_no_rank(tmp_path, plugin_env, stopped_chunk):
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
     spec, cells, outputs = _chunk(tmp_path, 120)
     env = dict(os.environ, LONGCA_TEST_PID_DIR=str(pid_dir))
-    results = str(tmp_path / "results")
-    code = f"from longca.run.chunk import run_chunk; run_chunk({spec!r}, {outputs[:2]!r}, {results!r})"
-    err_path = tmp_path / "stderr.txt"
-    with open(err_path, "w") as err_file:
-        proc = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=err_file)
-    try:
-        end = time.monotonic() + 60
-        while len(list(pid_dir.iterdir())) < 2 and time.monotonic() < end and proc.poll() is None:
-            time.sleep(0.2)  # until both ranks are inside the hanging cell
-        assert len(list(pid_dir.iterdir())) == 2, proc.poll()
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 128 + signal.SIGTERM
-    err = err_path.read_text()
+    # ready once both ranks are inside the hanging cell
+    code, err = stopped_chunk(spec, outputs[:2], tmp_path / "results", lambda: len(list(pid_dir.iterdir())) == 2,
+                              env=env, ready_s=60)
+    assert code == 128 + signal.SIGTERM
     assert f"[cp] {cells['naive-64'].digest}: ok" in err  # the group's log, though the group never ended
     assert "faulty_kernels.py" in err  # and where its ranks were when stopped
     assert not [p for p in _pids(pid_dir) if _alive(p)]
