@@ -9,6 +9,8 @@
 #     single            every single-GPU sweep of specs/h200.yaml but sparse and linear, sharded
 #                       over the GPUs (FA4 needed); RETRY="--retry error" reruns error rows
 #     sparse            the sparse sweep on all GPUs, Triton first, then Flex
+#     flex_long         Flex's long-context cells (64K-512K, the no-Flex-OOM goal), then Flex's
+#                       sparse cells, sharded over the GPUs (no FA4 needed)
 #     linear_sparse     fla autotuning warmed in parallel (PREWARM_S seconds, 0 to skip when the
 #                       autotune cache is carried), then the linear sweeps (GPU 0: two kernels and
 #                       linear_softmax, GPU 1: the other two), then the sparse sweep on both
@@ -102,6 +104,12 @@ case "$stage" in
   sparse)
     for ((g = 0; g < ngpu; g++)); do
       gpu_seq "$g" "sparse-$g" "--spec specs/h200.yaml --sweep sparse --only kernel=triton_block_sparse --shard $g/$ngpu" \
+        "--spec specs/h200.yaml --sweep sparse --only kernel=flex --shard $g/$ngpu" &
+    done
+    wait; cleanup ;;
+  flex_long)
+    for ((g = 0; g < ngpu; g++)); do
+      gpu_seq "$g" "flex-long-$g" "--spec specs/h200.yaml --sweep long --only kernel=flex ${RETRY:-} --shard $g/$ngpu" \
         "--spec specs/h200.yaml --sweep sparse --only kernel=flex --shard $g/$ngpu" &
     done
     wait; cleanup ;;
