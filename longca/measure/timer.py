@@ -2,6 +2,10 @@
 
 Protocol (measurement.md): warm-up iterations, then timed iterations capped by a count AND a time
 budget, an L2 flush before each timed iteration on the GPU, median / p20 / p80 and every sample kept.
+
+The first warm-up iteration also measures compilation: JIT kernels (FlexAttention, FA4, Triton)
+compile on their first call at a shape, so its wall time beyond a steady iteration's is `compile_s`.
+Adapters need no warm-up calls of their own (at 256K one FlexAttention call takes seconds).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ class Timing:
     timer: str
     l2_flush: bool
     kernel_s: float = 0.0  # summed timed kernel time (sweep efficiency)
+    compile_s: float = 0.0  # first warm-up iteration's wall time beyond a steady iteration's
     extra: dict = field(default_factory=dict)
 
     @property
@@ -62,19 +67,26 @@ class Timer:
     def _elapsed_ms(self, handle: object) -> float:
         raise NotImplementedError
 
-    def _after_warmup(self) -> None:
+    def _sync(self) -> None:
         pass
 
     def time(self, fn: Callable[[], object], *, warmup: int, iters: int, min_iters: int = 1,
              budget_s: float = 10.0, before: Callable[[], None] | None = None) -> Timing:
-        for _ in range(warmup):
+        first_wall = None
+        for i in range(warmup):
+            t0 = time.perf_counter()
             if before:
                 before()
             fn()
-        self._after_warmup()
+            if i == 0:
+                self._sync()
+                first_wall = time.perf_counter() - t0
+        self._sync()
+        t0 = time.perf_counter()
         if before:
             before()
-        first = self._elapsed_ms(self._start_one(fn))
+        first = self._elapsed_ms(self._start_one(fn))  # waits for the call: a steady iteration's wall
+        steady_wall = time.perf_counter() - t0
         n = _plan_iters(first, iters, min_iters, budget_s)
         handles = []
         for _ in range(n - 1):
@@ -82,7 +94,9 @@ class Timer:
                 before()
             handles.append(self._start_one(fn))
         samples = [first] + [self._elapsed_ms(h) for h in handles]
-        return Timing(samples, warmup, len(samples), self.name, self.l2_flush, kernel_s=sum(samples) / 1000.0)
+        compile_s = max(first_wall - steady_wall, 0.0) if first_wall is not None else 0.0
+        return Timing(samples, warmup, len(samples), self.name, self.l2_flush, kernel_s=sum(samples) / 1000.0,
+                      compile_s=compile_s)
 
 
 class CpuTimer(Timer):
@@ -120,7 +134,7 @@ class CudaTimer(Timer):
         self.l2_flush = l2_flush
         self._flush = _flush_buffer(self.device) if l2_flush else None
 
-    def _after_warmup(self) -> None:
+    def _sync(self) -> None:
         torch.cuda.synchronize(self.device)
 
     def _start_one(self, fn):

@@ -45,3 +45,32 @@ def test_first_sample_is_read_at_once_the_rest_after_the_last_call():
     # The first read sets the count from the budget; later calls are all issued before any read.
     assert t.events == ["start", "read", "start", "start", "start", "read", "read", "read"]
     assert timing.timed_iters == 4
+
+
+def test_first_warmup_call_beyond_a_steady_one_is_compile_time():
+    # A JIT kernel compiles on its first call; the warm-up absorbs it and reports it as compile_s.
+    calls = []
+
+    def fn():
+        calls.append(1)
+        time.sleep(0.3 if len(calls) == 1 else 0.01)
+
+    t = CpuTimer().time(fn, warmup=1, iters=2, budget_s=100.0)
+    assert 0.25 < t.compile_s < 0.35
+    assert max(t.samples_ms) < 250  # never inside a timed sample
+
+
+def test_compile_time_counts_the_untimed_before_call_too():
+    # Backward cells compile in the fresh forward (`before`) as well as in the timed backward.
+    befores = []
+
+    def before():
+        befores.append(1)
+        time.sleep(0.2 if len(befores) == 1 else 0.0)
+
+    t = CpuTimer().time(lambda: None, warmup=2, iters=1, budget_s=100.0, before=before)
+    assert 0.15 < t.compile_s < 0.25
+
+
+def test_no_warmup_means_no_compile_estimate():
+    assert CpuTimer().time(lambda: None, warmup=0, iters=1).compile_s == 0.0

@@ -113,28 +113,6 @@ def sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def warmup_compile_s(call, shapes: tuple[tuple[int, ...], ...], dtype, device, backward: bool = True) -> float:
-    """Seconds the first call (forward + backward) takes beyond the second: JIT compilation.
-
-    `shapes` are those of (q, k, v) in the adapter's layout. Runs outside any timed region."""
-    import time
-
-    import torch
-
-    times = []
-    for _ in range(2):
-        q, k, v = (torch.randn(s, dtype=dtype, device=device, requires_grad=backward) for s in shapes)
-        sync(device)
-        t0 = time.perf_counter()
-        out = call(q, k, v)
-        if backward:
-            out.backward(torch.ones_like(out))
-        sync(device)
-        times.append(time.perf_counter() - t0)
-        del q, k, v, out
-    return max(times[0] - times[1], 0.0)
-
-
 def packed(varlen_call, batch: int, seqlen: int):
     """Wrap a (B*S, H, D) varlen call so that it takes and returns (B, S, H, D) tensors.
 
@@ -222,7 +200,5 @@ class FlashAdapter:
             info.update(extra)
         sync(device)
         build_s = time.perf_counter() - t0
-        s = mask.seqlen_q
-        shapes = ((batch, s, heads_q, head_dim), (batch, s, heads_kv, head_dim), (batch, s, heads_kv, head_dim))
-        compile_s = warmup_compile_s(call, shapes, dtype, device, backward=self.caps.backward)  # type: ignore
-        return Prepared(call=call, layout=self.layout, build_s=build_s, compile_s=compile_s, info=info)
+        # JIT compilation happens on the first call: the cell's first warm-up iteration measures it.
+        return Prepared(call=call, layout=self.layout, build_s=build_s, info=info)

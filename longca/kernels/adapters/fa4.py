@@ -16,7 +16,7 @@ Masks (checked against 4.0.0b36's interface.py):
   Without block sparsity the mask_mod runs on every block (correct, but full-attention cost).
 Runs on sm90 (H100/H200) and sm100; head dims 8..256 on sm90 (multiples of 8), <= 128 or 256 on
 sm100. fp16/bf16 (fp8 is forward-only on sm100 and not used). The first call of each
-configuration compiles (about 1-3 s on the H200): measured by the warm-up as compile_s.
+configuration compiles (about 1-3 s on the H200): the cell's first warm-up call measures it (compile_s).
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ mask_mod, partial blocks evaluate it from per-query key intervals, and no S x S 
 
 `compiled_flex()` wraps flex_attention in torch.compile(dynamic=False) once per process; the
 mask_mod reads its intervals from tensors, so masks of one shape share one compiled kernel.
-`prepare` times the BlockMask construction (build_s) and a warm-up: the first call's time minus
-the second's is the compilation time (compile_s), forward and backward separately in `info`.
+`prepare` builds the BlockMask (timed as build_s) and calls nothing: the first call at a shape
+compiles, and the cell's first warm-up iteration measures that (compile_s). A warm-up of its own
+here would cost two extra forward + backward calls per cell (minutes per 512K cell).
 
 Limits: FlexAttention has no backward on CPU (the call raises Unsupported for inputs that need
 grad, so such cells are `unsupported`), and on CPU takes
@@ -68,21 +69,6 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed_step(call, q, k, v, backward: bool) -> tuple[float, float]:
-    """(forward seconds, backward seconds) of one call; backward 0 when not run."""
-    device = q.device
-    _sync(device)
-    t0 = time.perf_counter()
-    out = call(q, k, v)
-    _sync(device)
-    t1 = time.perf_counter()
-    if not backward:
-        return t1 - t0, 0.0
-    out.backward(torch.ones_like(out))
-    _sync(device)
-    return t1 - t0, time.perf_counter() - t1
-
-
 class FlexAttention:
     name = "flex"
     layout = "bhsd"
@@ -121,28 +107,13 @@ class FlexAttention:
                     raise Unsupported("FlexAttention has no backward on CPU (torch raises NotImplementedError)")
                 return _call(q.detach(), k.detach(), v.detach())  # torch refuses requires_grad inputs
 
-        # Warm-up on inputs of the cell's shape: the first call compiles, the second does not.
-        backward = device.type == "cuda"
-        shape_q = (batch, heads_q, mask.seqlen_q, head_dim)
-        shape_kv = (batch, heads_kv, mask.seqlen_k, head_dim)
-        q = torch.randn(shape_q, dtype=dtype, device=device, requires_grad=backward)
-        k = torch.randn(shape_kv, dtype=dtype, device=device, requires_grad=backward)
-        v = torch.randn(shape_kv, dtype=dtype, device=device, requires_grad=backward)
-        first = _timed_step(call, q, k, v, backward)
-        second = _timed_step(call, q, k, v, backward)
-        del q, k, v
-        compile_fwd = max(first[0] - second[0], 0.0)
-        compile_bwd = max(first[1] - second[1], 0.0)
         info = {
             "block_size": BLOCK_SIZE,
-            "compile_fwd_s": compile_fwd,
-            "compile_bwd_s": compile_bwd,
             "mask_mod_layers": getattr(block_mask.mask_mod, "layers", None),
             "blocks_partial": int(block_mask.kv_num_blocks.sum()),
             "blocks_full": int(block_mask.full_kv_num_blocks.sum()) if block_mask.full_kv_num_blocks is not None else 0,
         }
-        return Prepared(call=call, layout=self.layout, build_s=build_s, compile_s=compile_fwd + compile_bwd,
-                        info=info, extra={"block_mask": block_mask})
+        return Prepared(call=call, layout=self.layout, build_s=build_s, info=info, extra={"block_mask": block_mask})
 
 
 register(FlexAttention())

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from longca.kernels.adapters._flash_args import flash_mask_args, sync, warmup_compile_s
+from longca.kernels.adapters._flash_args import flash_mask_args, sync
 from longca.kernels.base import Capabilities, Prepared, Unsupported
 from longca.kernels.registry import register
 from longca.masks.mask import Mask
@@ -73,12 +73,9 @@ class VarlenAttention:
         def call(q, k, v):
             return varlen_attn(q, k, v, cu, cu, m, m, **kwargs)
 
-        t = batch * mask.seqlen_q
-        shapes = ((t, heads_q, head_dim), (t, heads_kv, head_dim), (t, heads_kv, head_dim))
-        compile_s = warmup_compile_s(call, shapes, dtype, device)
         info = {"causal": args.causal, "num_segments": len(args.cu_seqlens) - 1, "max_seqlen": m,
                 "kwargs": sorted(kwargs)}
-        return Prepared(call=call, layout="thd", build_s=build_s, compile_s=compile_s, info=info)
+        return Prepared(call=call, layout="thd", build_s=build_s, info=info)
 
 
 register(VarlenAttention())
