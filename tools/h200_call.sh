@@ -22,7 +22,7 @@ set -u
 out=${1:?outdir}; stage=${2:?stage}; limit=${3:-480}
 start=$SECONDS
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-logs=/tmp/longca-logs; mkdir -p "$logs"
+logs=/tmp/longca-logs; rm -rf "$logs"; mkdir -p "$logs"  # a warm machine still holds the last call's logs
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl > "$logs/pip.log" 2>&1
 fi
