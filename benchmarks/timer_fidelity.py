@@ -2,15 +2,19 @@
 
 For FA4 (when importable) and cuDNN SDPA, full and causal, at 32K tokens, GQA 64:8 and MHA
 32:32, D=128, bf16, forward: longca's CudaTimer median vs do_bench's median, in one process.
-Writes a JSON list to OUT and prints a table; the goal is agreement within 3%.
+Writes a JSON list to OUT and prints a table; the goal is agreement within 3%. With --rounds N
+each case is measured N times, alternating the two timers, so the spread between rounds (how far
+one run of either timer moves) is known beside their ratio; the row's ratio is the median of the
+rounds' ratios.
 
-    python benchmarks/timer_fidelity.py OUT.json
+    python benchmarks/timer_fidelity.py OUT.json [--rounds 3]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
+import statistics
 
 import torch
 import triton.testing
@@ -21,7 +25,7 @@ from longca.measure.flops import attention_flops
 from longca.measure.timer import CudaTimer
 
 
-def main(out: str) -> None:
+def main(out: str, rounds: int = 1) -> None:
     dev = torch.device("cuda")
     timer = CudaTimer(dev, l2_flush=True)
     rows = []
@@ -46,14 +50,19 @@ def main(out: str) -> None:
                 k = torch.randn(shape_kv, device=dev, dtype=torch.bfloat16)
                 v = torch.randn(shape_kv, device=dev, dtype=torch.bfloat16)
                 fn = lambda: prep.call(q, k, v)  # noqa: E731
+                mine, theirs = [], []
                 with torch.no_grad():
-                    t = timer.time(fn, warmup=5, iters=20, min_iters=20, budget_s=60)
-                    db = triton.testing.do_bench(fn, warmup=100, rep=500, return_mode="median")
+                    for _ in range(rounds):
+                        mine.append(timer.time(fn, warmup=5, iters=20, min_iters=20, budget_s=60).median_ms)
+                        theirs.append(triton.testing.do_bench(fn, warmup=100, rep=500, return_mode="median"))
+                ratios = [a / b for a, b in zip(mine, theirs)]
+                ours, bench = statistics.median(mine), statistics.median(theirs)
                 flops = attention_flops(mask.area, hq, 128, "fwd")
                 rows.append({"kernel": kname, "mask": mask_name, "heads": f"{hq}:{hkv}", "seqlen": s,
-                             "longca_median_ms": t.median_ms, "do_bench_median_ms": db,
-                             "ratio": t.median_ms / db, "longca_tflops": flops / t.median_ms / 1e9,
-                             "do_bench_tflops": flops / db / 1e9, "timed_iters": t.timed_iters})
+                             "longca_median_ms": ours, "do_bench_median_ms": bench,
+                             "ratio": statistics.median(ratios), "ratios": ratios, "longca_ms": mine,
+                             "do_bench_ms": theirs, "longca_tflops": flops / ours / 1e9,
+                             "do_bench_tflops": flops / bench / 1e9, "timed_iters": 20})
     with open(out, "w") as fh:
         json.dump(rows, fh, indent=1)
     for r in rows:
@@ -61,4 +70,8 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", help="JSON file to write")
+    ap.add_argument("--rounds", type=int, default=1, help="measurements per case, alternating the timers")
+    args = ap.parse_args()
+    main(args.out, args.rounds)

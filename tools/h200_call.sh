@@ -122,7 +122,7 @@ case "$stage" in
     CUDA_VISIBLE_DEVICES=0 timeout -k 10 -s TERM "$(left)" python3 benchmarks/sparse_triton.py "$logs/sparse_tune" \
       --budget-s $(( $(left) - 40 )) --no-check --tune-only > "$logs/sparse_tune.log" 2>&1 ;;
   checks)
-    CUDA_VISIBLE_DEVICES=0 timeout 120 python3 benchmarks/timer_fidelity.py "$logs/fidelity.json" > "$logs/fidelity.log" 2>&1
+    CUDA_VISIBLE_DEVICES=0 timeout 240 python3 benchmarks/timer_fidelity.py "$logs/fidelity.json" --rounds "${FIDELITY_ROUNDS:-3}" > "$logs/fidelity.log" 2>&1
     CUDA_VISIBLE_DEVICES=0 timeout 120 python3 tools/fa4_smoke.py > "$logs/fa4_smoke.log" 2>&1
     CUDA_VISIBLE_DEVICES=0 timeout 90 python3 benchmarks/sparse_check.py "$logs/sparse_check" > "$logs/sparse_check.log" 2>&1 ;;
   *) echo "unknown stage $stage"; exit 2 ;;
