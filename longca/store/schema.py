@@ -75,7 +75,7 @@ _FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("p20_ms", pa.float64(), ""),
     ("p80_ms", pa.float64(), ""),
     ("mask_build_s", pa.float64(), "mask construction, outside kernel time"),
-    ("compile_s", pa.float64(), "compilation / autotune, outside kernel time"),
+    ("compile_s", pa.float64(), "first warm-up call beyond a steady one (compilation, autotune), outside kernel time"),
     ("cell_wall_s", pa.float64(), "wall time of the whole cell"),
     ("flops", pa.float64(), "FLOPs of one timed iteration (exact mask area)"),
     ("flop_model", pa.string(), "softmax_exact_area | linear_<family>"),
