@@ -75,7 +75,11 @@ def test_hung_and_crashed_cp_cells_cost_only_themselves(tmp_path, plugin_env, mo
     assert rows["naive-128"][0] == "ok", rows["naive-128"]  # in a third group, after the crash
     # One group for all would have waited out 120 + 4 + 4 + 120 s (+ grace) on the hung cell.
     assert wall < 90, wall
-    assert len(_pids(pid_dir)) == 4 and not [p for p in _pids(pid_dir) if _alive(p)]
+    # Both ranks of the hung group and the segfaulting rank leave their pid; its peer only when it
+    # reached the kernel before torchrun took the group down (a race: seen once in CI under load).
+    ranks = sorted(f.name.split("-")[0] for f in pid_dir.iterdir())
+    assert ranks in (["0", "1", "1"], ["0", "0", "1", "1"]), ranks
+    assert not [p for p in _pids(pid_dir) if _alive(p)]
     err = capfd.readouterr().err
     for name in ("naive-64", "naive-128"):  # rank 0's lines, streamed from the groups' logs
         assert f"[cp] {cells[name].digest}: ok" in err
