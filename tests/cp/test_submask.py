@@ -50,3 +50,24 @@ def test_zigzag_causal_steps_are_few_rectangles():
     shard = sh.zigzag(64, 2)
     sub = sub_mask(mask.slices, shard.intervals[0], shard.intervals[1])
     assert sub.tolist() == [[16, 32, 0, 32, int(sl.Kind.FULL)]]
+
+
+def test_zigzag_causal_own_step_is_one_causal_square():
+    """The own-KV step of causal zigzag (head chunk, tail chunk): two causal squares and the full
+    block between them are one causal square over the local sequence: one kernel call, not three."""
+    mask = build_mask("causal", 64)
+    shard = sh.zigzag(64, 2)
+    for r in range(2):
+        sub = sub_mask(mask.slices, shard.intervals[r], shard.intervals[r])
+        assert sub.tolist() == [[0, 32, 0, 32, int(sl.Kind.CAUSAL)]]
+
+
+def test_causal_squares_merge_only_with_the_full_block_between_them():
+    a, c = (0, 4, 0, 4, sl.Kind.CAUSAL), (4, 8, 4, 8, sl.Kind.CAUSAL)
+    without = sl.make_slices([a, c])  # block-diagonal (documents): stays two squares
+    assert sorted(map(tuple, coalesce(without).tolist())) == [(0, 4, 0, 4, 1), (4, 8, 4, 8, 1)]
+    chain = sl.make_slices([a, c, (4, 8, 0, 4, sl.Kind.FULL), (8, 10, 8, 10, sl.Kind.CAUSAL),
+                            (8, 10, 0, 8, sl.Kind.FULL)])
+    out = coalesce(chain)  # merges twice: [0, 8) then [0, 10)
+    assert out.tolist() == [[0, 10, 0, 10, int(sl.Kind.CAUSAL)]]
+    assert (sl.to_dense(out, 10, 10) == sl.to_dense(chain, 10, 10)).all()
