@@ -54,14 +54,13 @@ gpu_seq() {  # $1: GPU index, $2: log name, then one quoted `longca run` argumen
     CUDA_VISIBLE_DEVICES=$g timeout -k 10 -s TERM "$s" python3 -m longca.cli run $args >> "$logs/$name.log" 2>&1
   done
 }
-single_gpu_sweeps() {  # both GPUs: the rest of the dense matrix, Flex to 512K, long context, baselines
-  local g n=$ngpu
-  for ((g = 0; g < n; g++)); do
-    gpu_seq "$g" "single-$g" "--spec specs/h200.yaml --sweep dense ${RETRY:-} --shard $g/$n" \
-      "--spec specs/h200.yaml --sweep long --only kernel=flex --shard $g/$n" \
-      "--spec specs/h200.yaml --sweep long --shard $g/$n" \
-      "--spec specs/h200.yaml --sweep dense_baselines --shard $g/$n" &
+sharded() {  # $1: log name, then `longca run` argument lists: run in order on every GPU at once,
+  # each with --shard g/n on GPU g
+  local name=$1 g; shift
+  for ((g = 0; g < ngpu; g++)); do
+    gpu_seq "$g" "$name-$g" "${@/%/ --shard $g/$ngpu}" &
   done
+  wait
 }
 
 prewarm_linear() {  # $1: seconds. fla-core autotunes each (kernel, head dim, varlen or not) for
@@ -100,19 +99,19 @@ cp_sweeps() {  # CP on all GPUs until the call's time is up, the sweeps in prior
 }
 
 case "$stage" in
-  single) single_gpu_sweeps; wait; cleanup ;;
+  single)  # the rest of the dense matrix, Flex to 512K, long context, baselines (FA4 needed)
+    sharded single "--spec specs/h200.yaml --sweep dense ${RETRY:-}" \
+      "--spec specs/h200.yaml --sweep long --only kernel=flex" "--spec specs/h200.yaml --sweep long" \
+      "--spec specs/h200.yaml --sweep dense_baselines"
+    cleanup ;;
   sparse)
-    for ((g = 0; g < ngpu; g++)); do
-      gpu_seq "$g" "sparse-$g" "--spec specs/h200.yaml --sweep sparse --only kernel=triton_block_sparse --shard $g/$ngpu" \
-        "--spec specs/h200.yaml --sweep sparse --only kernel=flex --shard $g/$ngpu" &
-    done
-    wait; cleanup ;;
+    sharded sparse "--spec specs/h200.yaml --sweep sparse --only kernel=triton_block_sparse" \
+      "--spec specs/h200.yaml --sweep sparse --only kernel=flex"
+    cleanup ;;
   flex_long)
-    for ((g = 0; g < ngpu; g++)); do
-      gpu_seq "$g" "flex-long-$g" "--spec specs/h200.yaml --sweep long --only kernel=flex ${RETRY:-} --shard $g/$ngpu" \
-        "--spec specs/h200.yaml --sweep sparse --only kernel=flex --shard $g/$ngpu" &
-    done
-    wait; cleanup ;;
+    sharded flex-long "--spec specs/h200.yaml --sweep long --only kernel=flex ${RETRY:-}" \
+      "--spec specs/h200.yaml --sweep sparse --only kernel=flex"
+    cleanup ;;
   linear_sparse)
     [ "${PREWARM_S:-200}" -gt 0 ] && prewarm_linear "${PREWARM_S:-200}"
     linear_and_sparse ;;
