@@ -50,11 +50,12 @@ def main(out: str, rounds: int = 1) -> None:
                 k = torch.randn(shape_kv, device=dev, dtype=torch.bfloat16)
                 v = torch.randn(shape_kv, device=dev, dtype=torch.bfloat16)
                 fn = lambda: prep.call(q, k, v)  # noqa: E731
-                mine, theirs = [], []
+                timings, theirs = [], []
                 with torch.no_grad():
                     for _ in range(rounds):
-                        mine.append(timer.time(fn, warmup=5, iters=20, min_iters=20, budget_s=60).median_ms)
+                        timings.append(timer.time(fn, warmup=5, iters=20, min_iters=20, budget_s=60))
                         theirs.append(triton.testing.do_bench(fn, warmup=100, rep=500, return_mode="median"))
+                mine = [t.median_ms for t in timings]
                 ratios = [a / b for a, b in zip(mine, theirs)]
                 ours, bench = statistics.median(mine), statistics.median(theirs)
                 flops = attention_flops(mask.area, hq, 128, "fwd")
@@ -62,7 +63,7 @@ def main(out: str, rounds: int = 1) -> None:
                              "longca_median_ms": ours, "do_bench_median_ms": bench,
                              "ratio": statistics.median(ratios), "ratios": ratios, "longca_ms": mine,
                              "do_bench_ms": theirs, "longca_tflops": flops / ours / 1e9,
-                             "do_bench_tflops": flops / bench / 1e9, "timed_iters": 20})
+                             "do_bench_tflops": flops / bench / 1e9, "timed_iters": timings[0].timed_iters})
     with open(out, "w") as fh:
         json.dump(rows, fh, indent=1)
     for r in rows:
