@@ -4,7 +4,7 @@
 # logs.tar.gz and triton-autotune.tar.gz (Triton's autotune choices, to carry into the next call).
 # Results land under results/ exactly as a Snakemake run would write them, so a later call (or a
 # Snakemake run) only adds the missing cells.
-#   usage: tools/h200_call.sh OUTDIR STAGE [LIMIT_S]
+#   usage: tools/h200_call.sh OUTDIR STAGE[+STAGE...] [LIMIT_S]   (stages joined by + run in order)
 #   stages (each runs only the cells still missing; calls 1-9 ran earlier stages, in git history):
 #     single            every single-GPU sweep of specs/h200.yaml but sparse and linear, sharded
 #                       over the GPUs (FA4 needed); RETRY="--retry error" reruns error rows
@@ -18,6 +18,9 @@
 #     linear_sparse_cp  linear_sparse for SPLIT_S seconds, then cp
 #     sparse_tune       Triton block-sparse tiles tuned (benchmarks/sparse_triton.py --tune-only)
 #     checks            timer fidelity, FA4 smoke test and the sparse kernel check on GPU 0
+#     fidelity          the timer fidelity check alone (FIDELITY_ROUNDS rounds, default 3) on GPU 0
+#     long_rest         the long sweep's other kernels, FA4 first, then cuDNN, then the rest,
+#                       sharded over the GPUs (FA4 needed)
 set -u
 out=${1:?outdir}; stage=${2:?stage}; limit=${3:-480}
 start=$SECONDS
@@ -98,7 +101,8 @@ cp_sweeps() {  # CP on all GPUs until the call's time is up, the sweeps in prior
   done
 }
 
-case "$stage" in
+run_stage() {
+case "$1" in
   single)  # the rest of the dense matrix, Flex to 512K, long context, baselines (FA4 needed)
     sharded single "--spec specs/h200.yaml --sweep dense ${RETRY:-}" \
       "--spec specs/h200.yaml --sweep long --only kernel=flex" "--spec specs/h200.yaml --sweep long" \
@@ -120,12 +124,20 @@ case "$stage" in
   sparse_tune)
     CUDA_VISIBLE_DEVICES=0 timeout -k 10 -s TERM "$(left)" python3 benchmarks/sparse_triton.py "$logs/sparse_tune" \
       --budget-s $(( $(left) - 40 )) --no-check --tune-only > "$logs/sparse_tune.log" 2>&1 ;;
+  long_rest)
+    sharded long "--spec specs/h200.yaml --sweep long --only kernel=fa4 ${RETRY:-}" \
+      "--spec specs/h200.yaml --sweep long --only kernel=sdpa_cudnn ${RETRY:-}" "--spec specs/h200.yaml --sweep long ${RETRY:-}"
+    cleanup ;;
+  fidelity)
+    CUDA_VISIBLE_DEVICES=0 timeout "$(l=$(left); echo $(( l < 240 ? l : 240 )))" python3 benchmarks/timer_fidelity.py "$logs/fidelity.json" --rounds "${FIDELITY_ROUNDS:-3}" > "$logs/fidelity.log" 2>&1 ;;
   checks)
     CUDA_VISIBLE_DEVICES=0 timeout 240 python3 benchmarks/timer_fidelity.py "$logs/fidelity.json" --rounds "${FIDELITY_ROUNDS:-3}" > "$logs/fidelity.log" 2>&1
     CUDA_VISIBLE_DEVICES=0 timeout 120 python3 tools/fa4_smoke.py > "$logs/fa4_smoke.log" 2>&1
     CUDA_VISIBLE_DEVICES=0 timeout 90 python3 benchmarks/sparse_check.py "$logs/sparse_check" > "$logs/sparse_check.log" 2>&1 ;;
-  *) echo "unknown stage $stage"; exit 2 ;;
+  *) echo "unknown stage $1"; exit 2 ;;
 esac
+}
+for st in ${stage//+/ }; do run_stage "$st"; done
 for spec in h200 h200-cp; do
   if [ -d "results/$spec/cells" ]; then
     python3 -m longca.cli aggregate --spec "specs/$spec.yaml" --present-only --out "$out/$spec.parquet" >> "$logs/aggregate.log" 2>&1
