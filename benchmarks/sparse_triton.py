@@ -1,13 +1,15 @@
 """Throughput of longca's Triton block-sparse attention against dense cuDNN SDPA on the same shape.
 
     python benchmarks/sparse_triton.py OUTDIR [--budget-s 170] [--no-tune] [--no-check] [--tune-only]
-        [--seqlens 16384,32768,65536,131072]
+        [--seqlens 16384,32768,65536,131072] [--variants fwd_kernel=tma "fwd_kernel=tma_ws;fwd=128,128,4,2"]
 
 Phases (each row lands in OUTDIR/sparse_triton.json and .csv):
 1. check: forward and gradients against the float32 reference (benchmarks/sparse_check.py cases);
 2. tune: a few (BLOCK_M, BLOCK_N, warps, stages) per pass for sm90, at 32K, 16:2 heads, density 0.5,
    separately for block 128 and 64; the best per block is used below;
 3. headline: 64K, GQA 64:8, D 128, block 128, density 0.5 (the >= 80 % of cuDNN goal);
+   with --variants, also the forward of the block-128 config and of each variant (config text laid
+   over it, e.g. a forward kernel variant with its own tiles), each checked first (phase `variants`);
 4. sweep: block 64/128 x density 0.2/0.5/0.8 x S 16K..128K x GQA (group 8) and MHA, forward and
    backward; query heads shrink as (16K / S)^2 so every cell costs about the same (GQA keeps >= 8:1);
    plus variable blocks (min 64, mean 128) at 32K.
@@ -35,7 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sparse_check  # noqa: E402
 
 from longca.kernels.triton_sparse.api import block_sparse_attention, block_sparse_attn_fwd  # noqa: E402
-from longca.kernels.triton_sparse.configs import default_config  # noqa: E402
+from longca.kernels.triton_sparse.configs import default_config, parse_config  # noqa: E402
+from longca.kernels.triton_sparse.forward import uses_tma  # noqa: E402
 from longca.kernels.triton_sparse.plan import KernelConfig, TileConfig, build_plan, tile_sizes  # noqa: E402
 from longca.masks.blocks import BlockLayout  # noqa: E402
 from longca.measure.flops import attention_flops  # noqa: E402
@@ -152,6 +155,8 @@ def sparse_cell(layout: BlockLayout, heads_q: int, config: KernelConfig, passes=
                 fast_path=plan.fast_path)
     area = float(layout.area_per_head().mean())
     q, k, v, do = inputs(heads_q, hkv, s)
+    if config.fwd_kernel != "ptr":  # which forward ran: the TMA kernel or its pointer fallback
+        base.update(fwd_kernel=config.fwd_kernel, fwd_tma=uses_tma(plan, q, k, v, torch.empty_like(q)))
     rows = []
     if check:
         out, lse = block_sparse_attn_fwd(q, k, v, plan)
@@ -226,6 +231,9 @@ def main() -> int:
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--tune-only", action="store_true", help="stop after tuning and the 64K headline")
     ap.add_argument("--seqlens", default="16384,32768,65536,131072")
+    ap.add_argument("--variants", nargs="*", default=[], metavar="CONFIG",
+                    help="headline forward variants: config texts over the block-128 config, e.g. "
+                         "'fwd_kernel=tma' or 'fwd_kernel=tma_ws;fwd=128,128,4,2'")
     args = ap.parse_args()
     args.outdir.mkdir(parents=True, exist_ok=True)
     clock = Clock(args.budget_s)
@@ -236,6 +244,8 @@ def main() -> int:
     print(json.dumps(env), flush=True)
     rows: list[dict] = []
     check_rows = [] if args.no_check else sparse_check.run_cases()
+    for text in args.variants:
+        parse_config(text)  # fail on a typo before any GPU time is spent
     configs = {b: default_config(D, b) for b in (128, 64)}
     if not args.no_tune:
         for b in (128, 64):
@@ -252,11 +262,30 @@ def main() -> int:
     # headline: the issue's goal shape
     if clock.left() > 20:
         dense = dense_cudnn(64, 8, 65536)
-        sparse = sparse_cell(layout_for(65536, 128, 8, 0.5, seed=2), 64, configs[128])
+        layout = layout_for(65536, 128, 8, 0.5, seed=2)
+        sparse = sparse_cell(layout, 64, configs[128])
         for r in sparse:
             d = next(x for x in dense if x["pass"] == r["pass"])
             r["vs_dense_cudnn"] = r["tflops"] / d["tflops"] if r.get("status") == "ok" else None
         record(dense + sparse, "headline")
+        # forward variants against the same dense row, the tuned config first as the baseline
+        variants = [parse_config(t, configs[128]) for t in args.variants]
+        for cfg in [configs[128]] + variants if variants else []:
+            base = {"seqlen": 65536, "heads_q": 64, "heads_kv": 8, "block": 128, "density": 0.5,
+                    "variant": cfg.as_text()}
+            if clock.left() < 20:
+                record([{**base, "status": "skipped_budget"}], "variants")
+                continue
+            try:
+                new = sparse_cell(layout, 64, cfg, passes=("fwd",))
+            except Exception as exc:  # e.g. a variant that does not compile with this Triton
+                new = [{**base, "status": "error", "error": f"{type(exc).__name__}: {exc}"[:300]}]
+            d = next(x for x in dense if x["pass"] == "fwd")
+            for r in new:
+                r["variant"] = base["variant"]
+                r["vs_dense_cudnn"] = r["tflops"] / d["tflops"] if r.get("status") == "ok" else None
+            torch.cuda.empty_cache()
+            record(new, "variants")
 
     plan = []
     for s in ([] if args.tune_only else (int(x) for x in args.seqlens.split(","))):

@@ -128,6 +128,11 @@ def test_config_text_round_trips_through_parse_config():
     cfg = KernelConfig(TileConfig(128, 64, 8, 3), TileConfig(32, 64, 4, 3), TileConfig(64, 32, 4, 2))
     assert cfg.as_text() == "fwd=128,64,8,3;dkdv=32,64,4,3;dq=64,32,4,2"
     assert parse_config(cfg.as_text()) == cfg
+    tma = KernelConfig(cfg.fwd, cfg.dkdv, cfg.dq, fwd_kernel="tma_ws")
+    assert tma.as_text() == cfg.as_text() + ";fwd_kernel=tma_ws"
+    assert parse_config(tma.as_text()) == tma
+    with pytest.raises(ValueError, match="fwd_kernel"):
+        parse_config("fwd_kernel=wgmma")
 
 
 def test_plan_rejects_mismatched_layout():
@@ -264,10 +269,71 @@ def test_default_head_dim_128_config_per_block(block):
     assert plan.fast_path and plan.config == cfg  # the tuned tiles divide the block: nothing shrunk
 
 
+def _forward_vs_reference(layout: BlockLayout, config: KernelConfig, hq: int, hkv: int, d: int, bshd: bool):
+    """Forward out and LSE against the float64 reference; returns uses_tma for these inputs."""
+    api = kernels()
+    from longca.kernels.triton_sparse.forward import uses_tma
+
+    s = int(layout.q_bounds[-1])
+    q64, k64, v64, _ = inputs(1, hq, hkv, s, s, d, seed=8)
+    if bshd:  # a transposed (B, S, H, D) tensor: strides not those of a contiguous bhsd one
+        q, k, v = (t.transpose(1, 2).contiguous().to(DEVICE, DTYPE).transpose(1, 2) for t in (q64, k64, v64))
+    else:
+        q, k, v = (t.to(DEVICE, DTYPE) for t in (q64, k64, v64))
+    plan = build_plan(layout, DEVICE, config)
+    out, lse = api.block_sparse_attn_fwd(q, k, v, plan)
+    ref_out, ref_lse = reference(q64, k64, v64, layout)
+    torch.testing.assert_close(out.double().cpu(), ref_out, atol=TOL, rtol=TOL)
+    lse = lse.double().cpu()
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse))
+    finite = torch.isfinite(ref_lse)
+    torch.testing.assert_close(lse[finite], ref_lse[finite], atol=TOL, rtol=TOL)
+    return uses_tma(plan, q, k, v, torch.empty_like(q))
+
+
+@needs_triton
+@pytest.mark.parametrize("fwd_kernel", ["tma", "tma_ws"])
+@pytest.mark.parametrize("block", [64, 128])
+@pytest.mark.parametrize("heads", [(4, 2), (2, 2)], ids=["gqa", "mha"])
+def test_tma_forward_uniform_blocks(fwd_kernel, block, heads):
+    # The tensor-descriptor forward on uniform blocks, bhsd and transposed bshd inputs; an empty
+    # query block checks the 0 output / -inf LSE rows.
+    kept = np.random.default_rng(block).random((heads[1], 2, 2)) < 0.6
+    kept[:, :, 0] = True
+    kept[0, 0, :] = False
+    layout = BlockLayout(np.arange(3) * block, np.arange(3) * block, kept, block)
+    cfg = KernelConfig(TileConfig(64, 32), fwd_kernel=fwd_kernel)
+    for bshd in (False, True):
+        assert _forward_vs_reference(layout, cfg, *heads, d=32, bshd=bshd)
+
+
+@needs_triton
+def test_tma_ws_forward_at_the_measured_head_dim_128_tiles():
+    # The warp-specialized tiles measured on the H200 (benchmarks/sparse_triton.py --variants).
+    cfg = KernelConfig(TileConfig(128, 128, 4, 2), fwd_kernel="tma_ws")
+    assert _forward_vs_reference(_two_blocks(128), cfg, 2, 1, d=128, bshd=True)
+
+
+@needs_triton
+def test_tma_forward_falls_back_to_pointer_kernel():
+    # Variable blocks (ragged tiles) and 16-byte misaligned rows run the pointer kernel.
+    qb = kb = np.array([0, 20, 64, 96])
+    kept = np.ones((1, 3, 3), bool)
+    cfg = KernelConfig(TileConfig(32, 16), fwd_kernel="tma")
+    assert not _forward_vs_reference(BlockLayout(qb, kb, kept, None), cfg, 2, 1, d=16, bshd=False)
+    from longca.kernels.triton_sparse.forward import uses_tma
+
+    plan = build_plan(_two_blocks(64), DEVICE, cfg)
+    x = torch.zeros(1, 1, 128, 18, device=DEVICE, dtype=DTYPE)[..., :16]  # rows of 18 elements
+    assert not uses_tma(plan, x, x, x, x) and uses_tma(plan, *[x.contiguous()] * 4)
+
+
 def test_default_config_picks_tiles_by_block():
     from longca.kernels.triton_sparse.configs import default_config
 
-    assert default_config(128, 128).fwd == TileConfig(128, 128, 8, 3)
+    assert default_config(128, 128).fwd == TileConfig(128, 128, 4, 2)
+    assert default_config(128, 128).fwd_kernel == "tma_ws"
+    assert default_config(128, 64).fwd_kernel == default_config(128).fwd_kernel == "ptr"
     assert default_config(128, 256) == default_config(128, 128)
     assert default_config(128, 64).fwd == TileConfig(64, 64, 4, 3)
     assert default_config(128, 192) == default_config(128, 64)

@@ -7,7 +7,9 @@ plan.tile_sizes; on variable blocks they are iterated inside each block with rag
 
 from __future__ import annotations
 
-from longca.kernels.triton_sparse.plan import KernelConfig, TileConfig
+from dataclasses import replace
+
+from longca.kernels.triton_sparse.plan import FWD_KERNELS, KernelConfig, TileConfig
 
 _DEFAULTS: dict[int, KernelConfig] = {
     16: KernelConfig(TileConfig(64, 32, 4, 2), TileConfig(32, 64, 4, 2), TileConfig(64, 32, 4, 2)),
@@ -24,7 +26,11 @@ _DEFAULTS: dict[int, KernelConfig] = {
 # candidates and their TFLOP/s are in NOTES.md). The warp count matters as much as the tile:
 # block 64 runs its 64 x 64 forward at 446 TFLOP/s with 4 warps and 285 with 8.
 _BY_BLOCK: dict[tuple[int, int], KernelConfig] = {
-    (128, 128): KernelConfig(TileConfig(128, 128, 8, 3), TileConfig(64, 64, 4, 2), TileConfig(64, 64, 4, 3)),
+    # Forward: TMA loads with Triton's warp specialization, 128 x 128 tiles, 4 warps, 2 stages: 567-573
+    # TFLOP/s at the 64K goal shape, 0.95-0.96 of dense cuDNN, where the pointer kernel's 128 x 128 x 8
+    # x 3 ran 485 (0.81) in the same session (`sparse_triton.py --variants`, NOTES.md).
+    (128, 128): KernelConfig(TileConfig(128, 128, 4, 2), TileConfig(64, 64, 4, 2), TileConfig(64, 64, 4, 3),
+                             fwd_kernel="tma_ws"),
     (128, 64): KernelConfig(TileConfig(64, 64, 4, 3), TileConfig(64, 64, 4, 2), TileConfig(64, 64, 4, 3)),
 }
 
@@ -41,13 +47,18 @@ def default_config(head_dim: int, block: int | None = None) -> KernelConfig:
     return _DEFAULTS[head_dim]
 
 
-def parse_config(text: str) -> KernelConfig:
-    """'fwd=128,64,8,3;dkdv=32,128,4,3;dq=128,32,4,3' (missing passes keep KernelConfig's defaults)."""
-    parts: dict[str, TileConfig] = {}
+def parse_config(text: str, base: KernelConfig | None = None) -> KernelConfig:
+    """'fwd=128,64,8,3;dkdv=32,128,4,3;dq=128,32,4,3[;fwd_kernel=tma]' (missing items keep those of
+    `base`, default KernelConfig())."""
+    parts: dict[str, TileConfig | str] = {}
     for item in filter(None, (s.strip() for s in text.split(";"))):
         name, _, vals = item.partition("=")
+        if name == "fwd_kernel":
+            parts[name] = vals.strip()
+            continue
         nums = [int(x) for x in vals.split(",")]
         if name not in ("fwd", "dkdv", "dq") or len(nums) != 4:
-            raise ValueError(f"bad config item {item!r}: want fwd|dkdv|dq=BLOCK_M,BLOCK_N,WARPS,STAGES")
+            raise ValueError(f"bad config item {item!r}: want fwd|dkdv|dq=BLOCK_M,BLOCK_N,WARPS,STAGES "
+                             f"or fwd_kernel={'|'.join(FWD_KERNELS)}")
         parts[name] = TileConfig(*nums)
-    return KernelConfig(**parts)
+    return replace(base or KernelConfig(), **parts)

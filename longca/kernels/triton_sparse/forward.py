@@ -4,10 +4,16 @@ One program per (query tile, batch x query head). It walks the CSR row of its qu
 kept key blocks of its KV head) tile by tile, keeps a running max and sum in base 2 (the softmax
 scale times log2(e) folded into one multiply), accumulates in fp32 and writes the output and the
 row log-sum-exp (natural log; -inf for a row with no kept block, whose output is 0).
+
+Two kernels share the softmax step: the pointer kernel (every layout) and, opt-in through
+KernelConfig.fwd_kernel, a tensor-descriptor kernel for uniform blocks and whole query tiles whose
+Q/K/V tile loads and O store are TMA copies on sm90+, optionally with Triton's automatic warp
+specialization of the key loop ("tma_ws").
 """
 
 from __future__ import annotations
 
+import contextvars
 import math
 
 import torch
@@ -17,6 +23,18 @@ import triton.language as tl
 from longca.kernels.triton_sparse.plan import SparsePlan
 
 LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _softmax_step(acc, l_i, m_i, qk, v, qk_scale):
+    """Fold one tile's scores qk (BLOCK_M, BLOCK_N) and values v into the running max, sum and acc."""
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+    p = tl.math.exp2(qk * qk_scale - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    acc = tl.dot(p.to(v.dtype), v, acc)
+    return acc, l_i, m_new
 
 
 @triton.jit
@@ -33,13 +51,16 @@ def _fwd_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, n0, k_hi, offs_n, stride_kn, str
     qk = tl.dot(q, k)
     if MASK_K:
         qk = tl.where(valid[None, :], qk, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-    p = tl.math.exp2(qk * qk_scale - m_new[:, None])
-    alpha = tl.math.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None]
-    acc = tl.dot(p.to(v.dtype), v, acc)
-    return acc, l_i, m_new
+    return _softmax_step(acc, l_i, m_i, qk, v, qk_scale)
+
+
+@triton.jit
+def _fwd_finish(acc, l_i, m_i):
+    """Normalized output and natural-log LSE (0 and -inf for a row that saw no key)."""
+    empty = l_i == 0.0
+    acc = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+    return acc, lse
 
 
 @triton.jit
@@ -94,9 +115,7 @@ def _fwd_kernel(Q, K, V, Out, Lse,
             for n0 in range(k_lo, k_hi, BLOCK_N):
                 acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, n0, k_hi, offs_n,
                                           stride_ks, stride_vs, qk_scale, True)
-    empty = l_i == 0.0
-    acc = acc / tl.where(empty, 1.0, l_i)[:, None]
-    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+    acc, lse = _fwd_finish(acc, l_i, m_i)
     o_ptrs = Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh \
         + offs_m[:, None].to(tl.int64) * stride_os + offs_d[None, :]
     lse_ptrs = Lse + pid_bh.to(tl.int64) * seqlen_q + offs_m
@@ -106,6 +125,52 @@ def _fwd_kernel(Q, K, V, Out, Lse,
     else:
         tl.store(o_ptrs, acc.to(Out.dtype.element_ty), mask=row_ok[:, None])
         tl.store(lse_ptrs, lse, mask=row_ok)
+
+
+@triton.jit
+def _fwd_tma_kernel(Q, K, V, Out, Lse,
+                    stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks,
+                    stride_vb, stride_vh, stride_vs, stride_ob, stride_oh, stride_os,
+                    tile_start, tile_block, row_ptr, row_idx,
+                    heads_q, group, n_q_blocks, seqlen_q, seqlen_k, qk_scale,
+                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    K_BLOCK: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
+    """_fwd_kernel's uniform-block path (K_BLOCK > 0, whole query tiles) on tensor descriptors."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // heads_q
+    h = pid_bh % heads_q
+    hk = h // group
+    m0 = tl.load(tile_start + pid_m)
+    qblk = tl.load(tile_block + pid_m)
+    # One 2-D (seqlen, head_dim) descriptor per (batch, head), built on the device from the strides:
+    # any bhsd view with 16-byte aligned rows works (forward.uses_tma checks), and Triton 3.6 warp-
+    # specializes attention on Hopper only with device-side descriptors (triton-lang/triton#7658).
+    desc_q = tl.make_tensor_descriptor(Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh,
+                                       [seqlen_q, HEAD_DIM], [stride_qs, 1], [BLOCK_M, HEAD_DIM])
+    desc_k = tl.make_tensor_descriptor(K + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh,
+                                       [seqlen_k, HEAD_DIM], [stride_ks, 1], [BLOCK_N, HEAD_DIM])
+    desc_v = tl.make_tensor_descriptor(V + b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh,
+                                       [seqlen_k, HEAD_DIM], [stride_vs, 1], [BLOCK_N, HEAD_DIM])
+    desc_o = tl.make_tensor_descriptor(Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh,
+                                       [seqlen_q, HEAD_DIM], [stride_os, 1], [BLOCK_M, HEAD_DIM])
+    q = desc_q.load([m0, 0])
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    row = hk * n_q_blocks + qblk
+    lo = tl.load(row_ptr + row)
+    hi = tl.load(row_ptr + row + 1)
+    TILES: tl.constexpr = K_BLOCK // BLOCK_N
+    for it in tl.range(lo * TILES, hi * TILES, warp_specialize=WARP_SPECIALIZE):
+        kblk = tl.load(row_idx + it // TILES)
+        n0 = kblk * K_BLOCK + (it % TILES) * BLOCK_N
+        k = desc_k.load([n0, 0])
+        v = desc_v.load([n0, 0])
+        acc, l_i, m_i = _softmax_step(acc, l_i, m_i, tl.dot(q, k.T), v, qk_scale)
+    acc, lse = _fwd_finish(acc, l_i, m_i)
+    desc_o.store([m0, 0], acc.to(Out.dtype.element_ty))
+    tl.store(Lse + pid_bh.to(tl.int64) * seqlen_q + m0 + tl.arange(0, BLOCK_M), lse)
 
 
 def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: SparsePlan) -> tuple[int, int, int, int]:
@@ -131,6 +196,16 @@ def k_block_constexpr(plan: SparsePlan, block_n: int) -> int:
     return plan.uniform_k if plan.uniform_k and plan.uniform_k % block_n == 0 else 0
 
 
+def uses_tma(plan: SparsePlan, *tensors: torch.Tensor) -> bool:
+    """True when forward() runs the tensor-descriptor kernel: the plan asks for it, key blocks are
+    uniform multiples of the tile, query tiles are whole, and every tensor (q, k, v and the output,
+    laid out like q) has a 16-byte aligned base and batch/head/row strides, as TMA requires."""
+    if plan.config.fwd_kernel == "ptr" or not k_block_constexpr(plan, plan.config.fwd.block_n) or not plan.fwd_q.even:
+        return False
+    return all(t.data_ptr() % 16 == 0 and all(s * t.element_size() % 16 == 0 for s in t.stride()[:3])
+               for t in tensors)
+
+
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: SparsePlan,
             sm_scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Block-sparse attention of bhsd q, k, v; returns (out bhsd, lse (B, Hq, Sq) float32)."""
@@ -140,6 +215,23 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: SparsePlan,
     lse = torch.empty((b, hq, plan.seqlen_q), device=q.device, dtype=torch.float32)
     cfg, tiles = plan.config.fwd, plan.fwd_q
     grid = (tiles.count, b * hq)
+    if uses_tma(plan, q, k, v, out):
+        def launch() -> None:
+            # Device-side descriptors need global scratch (128 bytes per program) from an allocator,
+            # set in a copied context so that it does not leak into the caller's.
+            triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=q.device))
+            _fwd_tma_kernel[grid](
+                q, k, v, out, lse,
+                q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+                v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
+                tiles.start, tiles.block, plan.rows.ptr, plan.rows.idx,
+                hq, hq // hkv, plan.n_q_blocks, plan.seqlen_q, plan.seqlen_k, sm_scale * LOG2E,
+                HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                K_BLOCK=k_block_constexpr(plan, cfg.block_n), WARP_SPECIALIZE=plan.config.fwd_kernel == "tma_ws",
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+        contextvars.copy_context().run(launch)
+        return out, lse
     _fwd_kernel[grid](
         q, k, v, out, lse,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),

@@ -13,7 +13,7 @@ the ragged-edge masks and walk tiles with constant strides.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -31,21 +31,36 @@ class TileConfig:
     num_stages: int = 2
 
 
+# Forward kernel variants: "ptr" pointer loads (default; runs every layout); "tma" tensor-descriptor
+# (TMA on sm90+) loads of Q/K/V and store of O; "tma_ws" the same with Triton's automatic warp
+# specialization of the key loop. The TMA variants cover uniform blocks with whole query tiles and
+# fall back to "ptr" elsewhere (forward.uses_tma). Check every "tma_ws" tile config before timing
+# it: on the H200 Triton 3.6 gave inf outputs for fwd=128,64,4,3 (128,128,4,2 was correct).
+FWD_KERNELS = ("ptr", "tma", "tma_ws")
+
+
 @dataclass(frozen=True)
 class KernelConfig:
-    """Tile configs of the three passes (forward, dK/dV, dQ)."""
+    """Tile configs of the three passes (forward, dK/dV, dQ) and the forward kernel variant."""
 
     fwd: TileConfig = TileConfig(128, 64, 4, 2)
     dkdv: TileConfig = TileConfig(32, 64, 4, 2)  # block_m: query rows iterated; block_n: key rows held
     dq: TileConfig = TileConfig(64, 32, 4, 2)
+    fwd_kernel: str = "ptr"
+
+    def __post_init__(self) -> None:
+        if self.fwd_kernel not in FWD_KERNELS:
+            raise ValueError(f"fwd_kernel must be one of {FWD_KERNELS}, got {self.fwd_kernel!r}")
 
     def as_dict(self) -> dict[str, list[int]]:
         return {name: [c.block_m, c.block_n, c.num_warps, c.num_stages]
                 for name, c in (("fwd", self.fwd), ("dkdv", self.dkdv), ("dq", self.dq))}
 
     def as_text(self) -> str:
-        """'fwd=128,64,8,3;dkdv=32,64,4,3;dq=64,32,4,3': the form configs.parse_config reads."""
-        return ";".join(f"{name}={','.join(map(str, vals))}" for name, vals in self.as_dict().items())
+        """'fwd=128,64,8,3;dkdv=32,64,4,3;dq=64,32,4,3[;fwd_kernel=tma]': the form configs.parse_config
+        reads (the default pointer kernel is left out, so rows measured before the variants read alike)."""
+        text = ";".join(f"{name}={','.join(map(str, vals))}" for name, vals in self.as_dict().items())
+        return text if self.fwd_kernel == "ptr" else f"{text};fwd_kernel={self.fwd_kernel}"
 
 
 @dataclass
@@ -179,9 +194,9 @@ def build_plan(layout: BlockLayout, device: torch.device | str, config: KernelCo
     fwd_m, fwd_n = tile_sizes(layout, config.fwd)
     dkdv_m, dkdv_n = tile_sizes(layout, config.dkdv)
     dq_m, dq_n = tile_sizes(layout, config.dq)
-    config = KernelConfig(TileConfig(fwd_m, fwd_n, config.fwd.num_warps, config.fwd.num_stages),
-                          TileConfig(dkdv_m, dkdv_n, config.dkdv.num_warps, config.dkdv.num_stages),
-                          TileConfig(dq_m, dq_n, config.dq.num_warps, config.dq.num_stages))
+    config = replace(config, fwd=TileConfig(fwd_m, fwd_n, config.fwd.num_warps, config.fwd.num_stages),
+                     dkdv=TileConfig(dkdv_m, dkdv_n, config.dkdv.num_warps, config.dkdv.num_stages),
+                     dq=TileConfig(dq_m, dq_n, config.dq.num_warps, config.dq.num_stages))
     uq, uk = _uniform(qb), _uniform(kb)
     as_t = lambda a: torch.as_tensor(a.astype(np.int32), device=device)  # noqa: E731
     return SparsePlan(
