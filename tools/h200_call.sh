@@ -18,6 +18,7 @@
 #     linear_sparse_cp  linear_sparse for SPLIT_S seconds, then cp
 #     sparse_tune       Triton block-sparse tiles tuned (benchmarks/sparse_triton.py --tune-only)
 #     checks            timer fidelity, FA4 smoke test and the sparse kernel check on GPU 0
+#     sparse_goal       the Triton block-sparse goal shape against dense cuDNN (sparse_triton.py headline)
 #     fidelity          the timer fidelity check alone (FIDELITY_ROUNDS rounds, default 3) on GPU 0
 #     long_rest         the long sweep's other kernels, FA4 first, then cuDNN, then the rest,
 #                       sharded over the GPUs (FA4 needed)
@@ -129,6 +130,9 @@ case "$1" in
     sharded long "--spec specs/h200.yaml --sweep long --only kernel=fa4 ${RETRY:-}" \
       "--spec specs/h200.yaml --sweep long --only kernel=sdpa_cudnn ${RETRY:-}" "--spec specs/h200.yaml --sweep long ${RETRY:-}"
     cleanup ;;
+  sparse_goal)  # the block-sparse goal shape (64K, block 128, density 0.5) against dense cuDNN, default tiles
+    CUDA_VISIBLE_DEVICES=0 timeout "$(l=$(left); echo $(( l < 120 ? l : 120 )))" python3 benchmarks/sparse_triton.py "$logs/sparse_goal" \
+      --budget-s 60 --no-check --no-tune --tune-only > "$logs/sparse_goal.log" 2>&1 ;;
   fidelity)
     CUDA_VISIBLE_DEVICES=0 timeout "$(l=$(left); echo $(( l < 240 ? l : 240 )))" python3 benchmarks/timer_fidelity.py "$logs/fidelity.json" --rounds "${FIDELITY_ROUNDS:-3}" > "$logs/fidelity.log" 2>&1 ;;
   checks)
