@@ -159,15 +159,22 @@ def cp_layouts(mechanism: str, world: int, cp: dict[str, Any]) -> list[tuple[tup
     raise ValueError(f"unknown CP mechanism {mechanism!r}")
 
 
-def resolve_balance(balance: str, mask: str) -> str:
+def resolve_balance(balance: str, mask: str, degrees: tuple = ()) -> str:
     """`auto` sharding: per-document balance for document masks, zigzag for masks whose work
     grows along the sequence (causal-type), contiguous where every rank has equal work anyway
     (full, sliding window, and block-sparse masks, which keep the same number of key blocks in
-    every query block: zigzag would only cut more blocks at shard boundaries)."""
+    every query block: zigzag would only cut more blocks at shard boundaries).
+
+    Without a ring (`degrees` has no ring degree above 1: pure Ulysses) every rank attends the
+    whole sequence for its heads, so work is equal under any sharding, and contiguous keeps the
+    gathered sequence in its natural order: the mask stays one slice list (one causal call for
+    causal) instead of a permuted one cut into several calls merged by log-sum-exp."""
     if balance != "auto":
         return balance
     from longca.masks.registry import PATTERNS
 
+    if dict(degrees).get("ring", 1) == 1:
+        return "contiguous"
     if PATTERNS[mask].multi_document:
         return "document"
     if mask in ("full", "sliding_window") or PATTERNS[mask].family == "dynamic":
@@ -208,7 +215,7 @@ def expand(spec: Spec) -> list[Cell]:
                 seqlen=seqlen, heads_q=hq, heads_kv=hkv, head_dim=d, dtype=dtype, pass_=p, batch=b,
                 device=spec.device, seed=spec.seed, samples=_samples(sw, mask), repeat=repeat, check=check,
                 timeout_s=sw.timeout_s, world_size=world, cp_mechanism=mech, cp_degrees=degrees,
-                cp_balance=resolve_balance(balance, mask.name) if mech else None,
+                cp_balance=resolve_balance(balance, mask.name, degrees) if mech else None,
                 cp_backend=resolve_backend(backend, spec.device) if mech else None,
             ))
     ids = [c.relpath() for c in cells]

@@ -65,3 +65,42 @@ def test_hive_paths_match_columns(tmp_path):
     rows = duckdb.sql(f"SELECT kernel, seqlen_q, mask, dtype FROM read_parquet('{tmp_path}/**/*.parquet', "
                       "hive_partitioning=true) ORDER BY ALL").fetchall()
     assert sorted(rows) == sorted((c.kernel, c.seqlen, c.mask, c.dtype) for c in cells)
+
+
+def test_auto_balance_is_contiguous_without_a_ring():
+    """Pure Ulysses attends the whole sequence on every rank: auto keeps the natural order, so a
+    causal mask stays one causal slice after the all-to-all; any ring degree > 1 keeps zigzag."""
+    from longca.cp.sharding import make_sharding
+    from longca.cp.submask import layouts_of_groups, sub_mask
+    from longca.masks.registry import build_mask
+    from longca.masks.slices import area
+
+    spec = load_spec(text="""
+name: t
+device: cpu
+kernels: [naive]
+masks: [causal, full_document, full]
+seqlens: [64]
+heads: ["4:4"]
+head_dims: [16]
+dtypes: [float64]
+passes: [fwd]
+sweeps:
+  - name: cp
+    cp: {mechanisms: [ulysses, ring_p2p, usp], world_sizes: [4]}
+""")
+    got = {(c.cp_mechanism, dict(c.cp_degrees).get("ring", 1), c.mask): c.cp_balance for c in expand(spec)}
+    assert got[("ulysses", 1, "causal")] == got[("ulysses", 1, "full_document")] == "contiguous"
+    assert got[("usp", 1, "causal")] == "contiguous"  # usp with ulysses degree 4 = world: no ring
+    assert got[("ring_p2p", 4, "causal")] == got[("usp", 2, "causal")] == "zigzag"
+    assert got[("ring_p2p", 4, "full_document")] == "document"
+    assert got[("ring_p2p", 4, "full")] == "contiguous"
+
+    # Why: the gathered Ulysses sequence under zigzag is a permuted causal mask of several pieces.
+    mask = build_mask("causal", 64)
+    for balance, pieces in (("contiguous", 1), ("zigzag", 5)):
+        sh = make_sharding(balance, 64, 2)
+        (layout,) = layouts_of_groups(sh.intervals, [[0, 1]])
+        local = sub_mask(mask.slices, layout, layout)
+        assert len(local) == pieces, (balance, local)
+        assert area(local) == mask.area_per_head  # same pairs, only their order differs
