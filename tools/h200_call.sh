@@ -95,7 +95,7 @@ linear_and_sparse() {  # the linear sweeps split over two GPUs, then the sparse 
 cp_sweeps() {  # CP on all GPUs until the call's time is up, the sweeps in priority order
   # CP_SWEEPS: another order, argument lists separated by '|'
   local args s order
-  IFS='|' read -ra order <<< "${CP_SWEEPS:---sweep cp_masks --only seqlen=64K --only seqlen=256K|--sweep cp_sparse|--sweep cp_goal --only seqlen=64K --only seqlen=128K|--sweep cp_goal|--sweep cp_masks}"
+  IFS='|' read -ra order <<< "${CP_SWEEPS:---sweep cp_goal --only cp_mechanism=ulysses --only seqlen=64K --only seqlen=128K|--sweep cp_goal --only seqlen=64K --only seqlen=128K --only seqlen=256K|--sweep cp_masks --only seqlen=64K|--sweep cp_masks --only seqlen=256K|--sweep cp_goal|--sweep cp_masks|--sweep cp_sparse}"
   for args in "${order[@]}"; do
     s=$(left); [ "$s" -le 10 ] && break
     timeout -k 10 -s TERM "$s" python3 -m longca.cli run --spec specs/h200-cp.yaml $args ${RETRY:-} >> "$logs/cp.log" 2>&1
