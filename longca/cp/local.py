@@ -5,7 +5,8 @@ Every local kernel offers
     fwd(q, k, v, sub) -> (out, lse)
     bwd(dout, q, k, v, out, lse, sub) -> (dq, dk, dv)
 with q (B, Hq, Sq, D), k and v (B, Hkv, Sk, D) (Hq a multiple of Hkv), out float32 (float64 for
-float64 inputs) and lse of shape (B, Hq, Sq) in natural log, -inf on rows with no key.
+float64 inputs) and lse of shape (B, Hq, Sq) in natural log, -inf on rows with no key. `fwd`
+returns new tensors that the caller owns: the ring merges later steps into the first step's in place.
 In `bwd`, `out` and `lse` are the GLOBAL (combined) output and LSE: with them every step's
 gradient is exactly its additive share (P = exp(S scale - lse) is the global softmax restricted
 to this step's keys; D = rowsum(dO * O) is global), as in ring-flash-attention.

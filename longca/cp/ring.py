@@ -51,7 +51,7 @@ def ring_fwd(q, k, v, subs, kernel, topo: Topology, comm: Comm):
             if not sub.empty:
                 o_s, l_s = kernel.fwd(q, kv[0], kv[1], sub)
                 if out is None:
-                    out, lse = o_s.clone(), l_s.clone()
+                    out, lse = o_s, l_s  # fresh tensors (local.py's contract): no copy
                 else:
                     merge_(out, lse, o_s, l_s)
             if inner is not None:

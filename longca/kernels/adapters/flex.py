@@ -37,18 +37,25 @@ RECOMPILE_LIMIT = 4096
 _compiled = None
 
 
+def raise_recompile_limits() -> None:
+    """Dynamo's recompile limits up to RECOMPILE_LIMIT: past the default (8), dynamo silently runs
+    a compiled function eagerly, which for Flex means S x S scores (call 12's CP `oom` rows)."""
+    import torch._dynamo
+
+    cfg = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
+                 "accumulated_cache_size_limit"):
+        if hasattr(cfg, name):
+            setattr(cfg, name, max(getattr(cfg, name), RECOMPILE_LIMIT))
+
+
 def compiled_flex():
     """torch.compile(flex_attention, dynamic=False), created on first use and reused."""
     global _compiled
     if _compiled is None:
-        import torch._dynamo
         from torch.nn.attention.flex_attention import flex_attention
 
-        cfg = torch._dynamo.config
-        for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
-                     "accumulated_cache_size_limit"):
-            if hasattr(cfg, name):
-                setattr(cfg, name, max(getattr(cfg, name), RECOMPILE_LIMIT))
+        raise_recompile_limits()
         # The runner times the backward alone by calling backward(retain_graph=True) on one saved
         # forward; compiled graphs with donated buffers refuse that (seen on the H200, torch 2.11).
         import torch._functorch.config as functorch_config

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from longca.kernels.triton_sparse.forward import LOG2E, check_inputs, k_block_constexpr
+from longca.kernels.triton_sparse.forward import LOG2E, _query_tile, check_inputs, k_block_constexpr
 from longca.kernels.triton_sparse.plan import SparsePlan
 
 
@@ -164,14 +164,9 @@ def _dq_kernel(Q, K, V, DOut, Lse2, Delta, DQ,
                heads_q, group, n_q_blocks, seqlen_q, qk_scale, sm_scale,
                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                K_BLOCK: tl.constexpr, EVEN_M: tl.constexpr):
-    pid_m = tl.program_id(0)
+    b, h, hk, m0, qblk = _query_tile(heads_q, group, tile_start, tile_block)
     pid_bh = tl.program_id(1)
-    b = pid_bh // heads_q
-    h = pid_bh % heads_q
-    hk = h // group
-    m0 = tl.load(tile_start + pid_m)
-    m_hi = tl.load(tile_end + pid_m)
-    qblk = tl.load(tile_block + pid_m)
+    m_hi = tl.load(tile_end + tl.program_id(0))
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)

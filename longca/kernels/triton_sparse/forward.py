@@ -38,6 +38,17 @@ def _softmax_step(acc, l_i, m_i, qk, v, qk_scale):
 
 
 @triton.jit
+def _query_tile(heads_q, group, tile_start, tile_block):
+    """This program's (batch, query head, KV head, first query row, query block) from its ids."""
+    pid_bh = tl.program_id(1)
+    b = pid_bh // heads_q
+    h = pid_bh % heads_q
+    m0 = tl.load(tile_start + tl.program_id(0))
+    qblk = tl.load(tile_block + tl.program_id(0))
+    return b, h, h // group, m0, qblk
+
+
+@triton.jit
 def _fwd_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, n0, k_hi, offs_n, stride_kn, stride_vn, qk_scale,
               MASK_K: tl.constexpr):
     """One BLOCK_N key tile starting at row n0 (keys >= k_hi masked when MASK_K)."""
@@ -71,14 +82,9 @@ def _fwd_kernel(Q, K, V, Out, Lse,
                 heads_q, group, n_q_blocks, seqlen_q, qk_scale,
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 K_BLOCK: tl.constexpr, EVEN_M: tl.constexpr):
-    pid_m = tl.program_id(0)
+    b, h, hk, m0, qblk = _query_tile(heads_q, group, tile_start, tile_block)
     pid_bh = tl.program_id(1)
-    b = pid_bh // heads_q
-    h = pid_bh % heads_q
-    hk = h // group
-    m0 = tl.load(tile_start + pid_m)
-    m_hi = tl.load(tile_end + pid_m)
-    qblk = tl.load(tile_block + pid_m)
+    m_hi = tl.load(tile_end + tl.program_id(0))
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -136,13 +142,8 @@ def _fwd_tma_kernel(Q, K, V, Out, Lse,
                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     K_BLOCK: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
     """_fwd_kernel's uniform-block path (K_BLOCK > 0, whole query tiles) on tensor descriptors."""
-    pid_m = tl.program_id(0)
+    b, h, hk, m0, qblk = _query_tile(heads_q, group, tile_start, tile_block)
     pid_bh = tl.program_id(1)
-    b = pid_bh // heads_q
-    h = pid_bh % heads_q
-    hk = h // group
-    m0 = tl.load(tile_start + pid_m)
-    qblk = tl.load(tile_block + pid_m)
     # One 2-D (seqlen, head_dim) descriptor per (batch, head), built on the device from the strides:
     # any bhsd view with 16-byte aligned rows works (forward.uses_tma checks), and Triton 3.6 warp-
     # specializes attention on Hopper only with device-side descriptors (triton-lang/triton#7658).
