@@ -56,8 +56,9 @@ def compiled_flex():
         from torch.nn.attention.flex_attention import flex_attention
 
         raise_recompile_limits()
-        # The runner times the backward alone by calling backward(retain_graph=True) on one saved
+        # The CP bench times the backward alone with autograd.grad(retain_graph=True) on one saved
         # forward; compiled graphs with donated buffers refuse that (seen on the H200, torch 2.11).
+        # (The single-GPU runner runs a fresh untimed forward before each timed backward instead.)
         import torch._functorch.config as functorch_config
 
         if hasattr(functorch_config, "donated_buffer"):
