@@ -131,6 +131,17 @@ def _family_pages(c: pl.DataFrame, peer: pl.DataFrame) -> list[Page]:
                           ("comm", "No cell recorded exposed communication."),
                           ("imbalance", "No cell recorded per-rank times or areas.")):
         p_cp.chart(charts.cp_chart(cp, cpp, kind), missing)
+    vs = queries.cp_vs_single(c)
+    if vs.height:
+        p_cp.p("Per-GPU throughput against the same kernel on one GPU with the same per-rank work "
+               "(global length / world size tokens, same mask, heads and pass): ratio 1 is perfect scaling. "
+               "For full and causal the single-GPU problem is exactly one rank's share; for the other masks "
+               "the single-GPU cell is that mask at the shorter length (its own documents or prefix), the "
+               "same kind of work rather than the same pairs, so a ratio above 1 can occur.")
+        p_cp.table(_table(vs.with_columns(heads=pl.format("{}:{}", "heads_q", "heads_kv")),
+                          ["mask", "heads", "pass", "tokens_per_gpu", "world_size", "cp_mechanism", "cp_balance",
+                           "kernel", "tflops", "single_tflops", "ratio", "device_name"],
+                          numeric=["tokens_per_gpu", "world_size", "tflops", "single_tflops", "ratio"]))
     p_lin = Page("linear.html", "Linear", "Linear attention against softmax")
     series, cross = queries.linear_vs_softmax(c)
     p_lin.chart(charts.linear_chart(series, cross), "No ok linear-attention cells.")

@@ -21,7 +21,7 @@ _DEFINING = ("spec", "sweep", "kernel", "pass", "batch", "seqlen_q", "seqlen_k",
              "score_source", "world_size", "cp_mechanism", "cp_degrees", "cp_balance")
 _FIRST = ("spec", "sweep", "cell_id", "kernel", "kernel_family", "pass", "batch", "seqlen_q", "seqlen_k",
           "heads_q", "heads_kv", "head_dim", "head_dim_v", "dtype", "layout", "mask", "mask_family",
-          "mask_form", "distribution", "block_size", "score_source", "variable_blocks", "world_size",
+          "mask_variant", "mask_form", "distribution", "block_size", "score_source", "variable_blocks", "world_size",
           "cp_mechanism", "cp_degrees", "cp_balance", "backend", "device", "device_name", "host", "attn",
           "shape", "machine", "mask_samples", "timer", "flop_model")
 _MEDIAN = ("tflops", "tokens_per_s", "median_ms", "p20_ms", "p80_ms", "flops", "mask_area", "density",
@@ -159,6 +159,29 @@ def sparse_cells(c: pl.DataFrame) -> pl.DataFrame:
 
 def cp_cells(c: pl.DataFrame) -> pl.DataFrame:
     return ok_cells(c).filter((pl.col("world_size") > 1) & pl.col("tflops").is_not_null())
+
+
+def cp_vs_single(c: pl.DataFrame) -> pl.DataFrame:
+    """Each ok CP cell against the same kernel on one GPU of the same model with the same per-rank
+    work: global length / world size tokens, same mask and mask variant, heads, head dim, dtype and
+    pass (the single cell's median over machines and sweeps). `ratio` = CP per-GPU TFLOP/s /
+    single-GPU TFLOP/s, what a scaling goal like "95% of the single-GPU kernel" reads. A kernel
+    whose rows name a tunable configuration in `backend` (the Triton kernel's tiles) is compared
+    only at the same configuration, so a CP row that does not name its tiles has no match; CP cells
+    without a match are left out."""
+    def config(df: pl.DataFrame) -> pl.DataFrame:
+        b = pl.col("backend").fill_null("")
+        return df.with_columns(config=pl.when(b.str.starts_with("triton tiles")).then(b)
+                               .when(pl.col("kernel") == "triton_block_sparse").then(pl.lit("unnamed tiles"))
+                               .otherwise(pl.lit("")))
+
+    keys = ["kernel", "mask", "mask_variant", "pass", "heads_q", "heads_kv", "head_dim", "dtype", "device_name", "config"]
+    cp = config(cp_cells(c)).with_columns(tokens_per_gpu=pl.col("seqlen_q") // pl.col("world_size"))
+    single = (config(ok_cells(c).filter((pl.col("world_size") == 1) & pl.col("tflops").is_not_null()))
+              .group_by(*keys, tokens_per_gpu=pl.col("seqlen_q")).agg(single_tflops=pl.col("tflops").median()))
+    return (cp.join(single, on=[*keys, "tokens_per_gpu"], how="inner", nulls_equal=True)
+            .with_columns(ratio=pl.col("tflops") / pl.col("single_tflops"))
+            .sort("mask", "heads_kv", "tokens_per_gpu", "pass", "world_size", "cp_mechanism", "cp_balance"))
 
 
 def linear_vs_softmax(c: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:

@@ -100,6 +100,35 @@ def test_cp_ratios() -> None:
     assert queries.mask_cells(c).is_empty()  # CP rows are not single-device kernel results
 
 
+def test_cp_vs_single_matches_the_per_rank_work() -> None:
+    rows = [_row("cudnn", "causal", 32768, tflops=600.0, cell_id="s32"),
+            _row("cudnn", "causal", 65536, tflops=500.0, cell_id="s64"),  # same total length: not the match
+            _row("cudnn", "causal", 32768, tflops=600.0, heads_kv=2, cell_id="s32gqa"),  # other heads
+            _row("cudnn", "causal", 65536, tflops=540.0, world_size=2, cp_mechanism="ring_p2p",
+                 cp_balance="zigzag", cell_id="cp"),
+            _row("cudnn", "causal", 262144, tflops=500.0, world_size=2, cp_mechanism="ulysses",
+                 cell_id="cp-no-single")]
+    tiles = "triton tiles fwd=128,128,4,2"
+    rows += [_row("triton_block_sparse", "block_sparse", 32768, tflops=400.0, mask_variant="b128", backend=tiles,
+                  cell_id="t32"),
+             _row("triton_block_sparse", "block_sparse", 32768, tflops=100.0, mask_variant="b64", backend=tiles,
+                  cell_id="t32-64"),
+             # a CP row that does not name its tiles has nothing to be compared with
+             _row("triton_block_sparse", "block_sparse", 65536, tflops=380.0, world_size=2, mask_variant="b128",
+                  cp_mechanism="ring_p2p", backend="triton_block_sparse", cell_id="cp-t-unnamed"),
+             _row("triton_block_sparse", "block_sparse", 65536, tflops=380.0, world_size=2, mask_variant="b128",
+                  cp_mechanism="ulysses", backend=tiles, cell_id="cp-t")]
+    vs = queries.cp_vs_single(_cells(rows))
+    t = vs.filter(pl.col("kernel") == "triton_block_sparse")
+    assert t.get_column("cell_id").to_list() == ["cp-t"]
+    assert t.item(0, "ratio") == pytest.approx(0.95)  # the b128 single cell only, not b64's
+    vs = vs.filter(pl.col("kernel") == "cudnn")
+    assert vs.height == 1
+    assert vs.item(0, "tokens_per_gpu") == 32768
+    assert vs.item(0, "single_tflops") == pytest.approx(600.0)
+    assert vs.item(0, "ratio") == pytest.approx(0.9)
+
+
 def _linear_case(soft: list[float], lin: list[float]) -> pl.DataFrame:
     lengths = [1024 * 2**i for i in range(len(soft))]
     rows = [_row("softmax_k", "causal", s, tokens_per_s=t) for s, t in zip(lengths, soft)]
