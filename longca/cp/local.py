@@ -371,14 +371,22 @@ class TritonBlockSparse:
         return SubMask(NO_SLICES, int(layout.q_bounds[-1]), int(layout.k_bounds[-1]), _layout_area(layout), {},
                        layout)
 
-    @staticmethod
-    def _plan(sub: SubMask, q: torch.Tensor):
+    def __init__(self) -> None:
+        self.tiles: set[str] = set()  # the tile configs this instance's plans ran with
+
+    def backend_detail(self) -> str | None:
+        """'triton tiles <config>' as single-GPU rows name it (configs of several steps joined by ' | '),
+        so a CP row can be compared with single-GPU rows of the same tiles."""
+        return "triton tiles " + " | ".join(sorted(self.tiles)) if self.tiles else None
+
+    def _plan(self, sub: SubMask, q: torch.Tensor):
         key = (q.shape[-1], str(q.device))
         if key not in sub.form:
             from longca.kernels.triton_sparse.configs import default_config
             from longca.kernels.triton_sparse.plan import build_plan
 
             sub.form[key] = build_plan(sub.blocks, q.device, default_config(q.shape[-1], sub.blocks.uniform_block))
+        self.tiles.add(sub.form[key].config.as_text())
         return sub.form[key]
 
     def fwd(self, q, k, v, sub):

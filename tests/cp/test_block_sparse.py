@@ -172,6 +172,7 @@ BENCH = [
          mask_params={"min_block": 16, "mean_block": 48, "density": 0.3}, **{"pass": "fwd"}),
     dict(BENCH_BASE, cell_id="document", balance="document"),
     dict(BENCH_BASE, cell_id="importance", mask_params={"block": 64, "score": "importance"}),
+    dict(BENCH_BASE, cell_id="ok_triton", local_kernel="triton_block_sparse", dtype="float32", **{"pass": "fwd"}),
     dict(BENCH_BASE, cell_id="triton_slices", mask="causal", mask_params={}, local_kernel="triton_block_sparse",
          dtype="float32"),
 ]
@@ -250,6 +251,10 @@ def test_block_sparse_cp_matches_the_reference(world: int, tmp_path) -> None:
     assert uly["rel_err_out"] < 1e-12 and uly.get("rel_err_dq") is None
     assert rows["document"]["status"] == "unsupported" and "balance='document'" in rows["document"]["reason"]
     assert rows["importance"]["status"] == "unsupported" and "score='random'" in rows["importance"]["reason"]
+    tri = rows["ok_triton"]
+    assert tri["status"] == "ok", tri["reason"]
+    assert tri["backend"].startswith("triton tiles fwd=64,")  # named as single-GPU rows name theirs
+    assert rows["ok_ring"]["backend"] == "naive"
     assert rows["triton_slices"]["status"] == "unsupported"
     assert "takes block-sparse masks" in rows["triton_slices"]["reason"]
 
