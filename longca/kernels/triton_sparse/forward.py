@@ -49,6 +49,15 @@ def _query_tile(heads_q, group, tile_start, tile_block):
 
 
 @triton.jit
+def _fwd_start(row_ptr, row, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Empty running max, sum and accumulator, and the CSR range [lo, hi) of this query block's row."""
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    return m_i, l_i, acc, tl.load(row_ptr + row), tl.load(row_ptr + row + 1)
+
+
+@triton.jit
 def _fwd_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, n0, k_hi, offs_n, stride_kn, stride_vn, qk_scale,
               MASK_K: tl.constexpr):
     """One BLOCK_N key tile starting at row n0 (keys >= k_hi masked when MASK_K)."""
@@ -99,12 +108,7 @@ def _fwd_kernel(Q, K, V, Out, Lse,
         q = tl.load(q_ptrs)
     else:
         q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    row = hk * n_q_blocks + qblk
-    lo = tl.load(row_ptr + row)
-    hi = tl.load(row_ptr + row + 1)
+    m_i, l_i, acc, lo, hi = _fwd_start(row_ptr, hk * n_q_blocks + qblk, BLOCK_M, HEAD_DIM)
     if K_BLOCK > 0:
         # Uniform key blocks: one flat loop over (kept block, tile) pairs, no masks.
         for it in range(lo * (K_BLOCK // BLOCK_N), hi * (K_BLOCK // BLOCK_N)):
@@ -156,12 +160,7 @@ def _fwd_tma_kernel(Q, K, V, Out, Lse,
     desc_o = tl.make_tensor_descriptor(Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh,
                                        [seqlen_q, HEAD_DIM], [stride_os, 1], [BLOCK_M, HEAD_DIM])
     q = desc_q.load([m0, 0])
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    row = hk * n_q_blocks + qblk
-    lo = tl.load(row_ptr + row)
-    hi = tl.load(row_ptr + row + 1)
+    m_i, l_i, acc, lo, hi = _fwd_start(row_ptr, hk * n_q_blocks + qblk, BLOCK_M, HEAD_DIM)
     TILES: tl.constexpr = K_BLOCK // BLOCK_N
     for it in tl.range(lo * TILES, hi * TILES, warp_specialize=WARP_SPECIALIZE):
         kblk = tl.load(row_idx + it // TILES)
