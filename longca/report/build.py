@@ -164,6 +164,14 @@ def _status_page(rows: pl.DataFrame, c: pl.DataFrame) -> Page:
                                                     "are withheld from the charts too." if withheld else ""))
     if bad.height:
         page.table(_table(bad, _NON_OK_COLS, numeric=["seqlen_q", "batch", "world_size", "rows"]))
+    spent = queries.measurement_time(rows)
+    if spent.height:
+        page.h2("Measurement time")
+        page.p("Per sweep: summed timed kernel time (every timed sample) over summed cell wall time (one wall "
+               "clock per cell: inputs, masks, compilation, the correctness check, warm-up and timing). "
+               "Process start-up and scheduling lie outside the cells, so the sweep's own ratio is lower.")
+        page.table(_table(spent, ["spec", "sweep", "cells", "timed_s", "wall_s", "timed_share"],
+                          numeric=["cells", "timed_s", "wall_s", "timed_share"]))
     return page
 
 

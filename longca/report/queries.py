@@ -161,6 +161,21 @@ def cp_cells(c: pl.DataFrame) -> pl.DataFrame:
     return ok_cells(c).filter((pl.col("world_size") > 1) & pl.col("tflops").is_not_null())
 
 
+def measurement_time(rows: pl.DataFrame) -> pl.DataFrame:
+    """Per (spec, sweep): summed timed kernel time (every timed sample of every row) over summed cell
+    wall time (once per cell: its rows share one wall clock), over the cells that recorded a wall.
+    Process start-up and scheduling between cells are outside every cell's wall, so a sweep's true
+    ratio is lower than `timed_share`."""
+    d = derive(rows).filter(pl.col("cell_wall_s").is_not_null())
+    per_cell = (d.group_by("spec", "sweep", "cell_key", "machine")
+                .agg(timed_s=pl.col("samples_ms").list.sum().fill_null(0).sum() / 1000,
+                     wall_s=pl.col("cell_wall_s").max()))
+    return (per_cell.group_by("spec", "sweep")
+            .agg(cells=pl.len(), timed_s=pl.col("timed_s").sum(), wall_s=pl.col("wall_s").sum())
+            .with_columns(timed_share=pl.col("timed_s") / pl.col("wall_s"))
+            .sort("spec", "sweep"))
+
+
 def cp_vs_single(c: pl.DataFrame) -> pl.DataFrame:
     """Each ok CP cell against the same kernel on one GPU of the same model with the same per-rank
     work: global length / world size tokens, same mask and mask variant, heads, head dim, dtype and

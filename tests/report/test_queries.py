@@ -129,6 +129,19 @@ def test_cp_vs_single_matches_the_per_rank_work() -> None:
     assert vs.item(0, "ratio") == pytest.approx(0.9)
 
 
+def test_measurement_time_counts_each_cells_wall_once() -> None:
+    rows = [_row(cell_id="a", spec="s", sweep="w", samples_ms=[100.0, 100.0], cell_wall_s=1.0, mask_sample=0),
+            _row(cell_id="a", spec="s", sweep="w", samples_ms=[200.0], cell_wall_s=1.0, mask_sample=1),
+            _row(cell_id="b", spec="s", sweep="w", samples_ms=[50.0], cell_wall_s=3.0),
+            _row(cell_id="c", spec="s", sweep="w", samples_ms=[50.0], cell_wall_s=None),  # no wall: left out
+            _row(cell_id="d", spec="s", sweep="w", status="unsupported", samples_ms=None, cell_wall_s=0.5)]
+    t = queries.measurement_time(pl.from_arrow(to_table(rows)))
+    assert t.height == 1 and t.item(0, "cells") == 3
+    assert t.item(0, "timed_s") == pytest.approx(0.45)
+    assert t.item(0, "wall_s") == pytest.approx(4.5)
+    assert t.item(0, "timed_share") == pytest.approx(0.1)
+
+
 def _linear_case(soft: list[float], lin: list[float]) -> pl.DataFrame:
     lengths = [1024 * 2**i for i in range(len(soft))]
     rows = [_row("softmax_k", "causal", s, tokens_per_s=t) for s, t in zip(lengths, soft)]
