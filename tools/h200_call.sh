@@ -44,6 +44,7 @@ ngpu=$(python3 -c 'import torch; print(torch.cuda.device_count())')
 for agg in results/*/all.parquet; do [ -f "$agg" ] && python3 -m longca.cli unpack "$agg" > "$logs/unpack.log" 2>&1; done
 { nvidia-smi; python3 -c 'import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__)'; } > "$logs/env.txt" 2>&1
 left() { local s=$(( limit - (SECONDS - start) - 40 )); echo $(( s > 5 ? s : 5 )); }
+capped() { local l; l=$(left); echo $(( l < $1 ? l : $1 )); }  # seconds left, at most $1
 cleanup() { pkill -9 -f 'longca.cp.bench|longca.run.worker|torch.distributed.run' 2>/dev/null; sleep 2; }
 
 # Commands run one after another on one GPU, each stopped (TERM, then KILL 10 s later: the
@@ -131,12 +132,12 @@ case "$1" in
       "--spec specs/h200.yaml --sweep long --only kernel=sdpa_cudnn ${RETRY:-}" "--spec specs/h200.yaml --sweep long ${RETRY:-}"
     cleanup ;;
   sparse_goal)  # the block-sparse goal shape (64K, block 128, density 0.5) against dense cuDNN, default tiles
-    CUDA_VISIBLE_DEVICES=0 timeout "$(l=$(left); echo $(( l < 120 ? l : 120 )))" python3 benchmarks/sparse_triton.py "$logs/sparse_goal" \
+    CUDA_VISIBLE_DEVICES=0 timeout "$(capped 120)" python3 benchmarks/sparse_triton.py "$logs/sparse_goal" \
       --budget-s 60 --no-check --no-tune --tune-only > "$logs/sparse_goal.log" 2>&1 ;;
   fidelity)
-    CUDA_VISIBLE_DEVICES=0 timeout "$(l=$(left); echo $(( l < 240 ? l : 240 )))" python3 benchmarks/timer_fidelity.py "$logs/fidelity.json" --rounds "${FIDELITY_ROUNDS:-3}" > "$logs/fidelity.log" 2>&1 ;;
+    CUDA_VISIBLE_DEVICES=0 timeout "$(capped 240)" python3 benchmarks/timer_fidelity.py "$logs/fidelity.json" --rounds "${FIDELITY_ROUNDS:-3}" > "$logs/fidelity.log" 2>&1 ;;
   checks)
-    CUDA_VISIBLE_DEVICES=0 timeout 240 python3 benchmarks/timer_fidelity.py "$logs/fidelity.json" --rounds "${FIDELITY_ROUNDS:-3}" > "$logs/fidelity.log" 2>&1
+    run_stage fidelity
     CUDA_VISIBLE_DEVICES=0 timeout 120 python3 tools/fa4_smoke.py > "$logs/fa4_smoke.log" 2>&1
     CUDA_VISIBLE_DEVICES=0 timeout 90 python3 benchmarks/sparse_check.py "$logs/sparse_check" > "$logs/sparse_check.log" 2>&1 ;;
   *) echo "unknown stage $1"; exit 2 ;;
