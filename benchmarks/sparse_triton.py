@@ -156,7 +156,7 @@ def sparse_cell(layout: BlockLayout, heads_q: int, config: KernelConfig, passes=
     area = float(layout.area_per_head().mean())
     q, k, v, do = inputs(heads_q, hkv, s)
     if config.fwd_kernel != "ptr":  # which forward ran: the TMA kernel or its pointer fallback
-        base.update(fwd_kernel=config.fwd_kernel, fwd_tma=uses_tma(plan, q, k, v, torch.empty_like(q)))
+        base.update(fwd_kernel=config.fwd_kernel, fwd_tma=uses_tma(plan, q, k, v))
     rows = []
     if check:
         out, lse = block_sparse_attn_fwd(q, k, v, plan)
@@ -263,10 +263,14 @@ def main() -> int:
     if clock.left() > 20:
         dense = dense_cudnn(64, 8, 65536)
         layout = layout_for(65536, 128, 8, 0.5, seed=2)
-        sparse = sparse_cell(layout, 64, configs[128])
-        for r in sparse:
-            d = next(x for x in dense if x["pass"] == r["pass"])
-            r["vs_dense_cudnn"] = r["tflops"] / d["tflops"] if r.get("status") == "ok" else None
+        dense_tflops = {x["pass"]: x.get("tflops") for x in dense}
+
+        def vs_dense(rows_: list[dict]) -> list[dict]:
+            for r in rows_:
+                r["vs_dense_cudnn"] = r["tflops"] / dense_tflops[r["pass"]] if r.get("status") == "ok" else None
+            return rows_
+
+        sparse = vs_dense(sparse_cell(layout, 64, configs[128]))
         record(dense + sparse, "headline")
         # forward variants against the same dense row, the tuned config first as the baseline
         variants = [parse_config(t, configs[128]) for t in args.variants]
@@ -280,12 +284,10 @@ def main() -> int:
                 new = sparse_cell(layout, 64, cfg, passes=("fwd",))
             except Exception as exc:  # e.g. a variant that does not compile with this Triton
                 new = [{**base, "status": "error", "error": f"{type(exc).__name__}: {exc}"[:300]}]
-            d = next(x for x in dense if x["pass"] == "fwd")
             for r in new:
                 r["variant"] = base["variant"]
-                r["vs_dense_cudnn"] = r["tflops"] / d["tflops"] if r.get("status") == "ok" else None
             torch.cuda.empty_cache()
-            record(new, "variants")
+            record(vs_dense(new), "variants")
 
     plan = []
     for s in ([] if args.tune_only else (int(x) for x in args.seqlens.split(","))):

@@ -396,8 +396,7 @@ def run_cell(cell: dict, rank: int, world: int, device: torch.device) -> dict:
                         raise CellFailure("incorrect", f"relative error above {tol:g} at S={errs['check_seqlen']}: "
                                           + ", ".join(f"{k}={v:.3g}" for k, v in bad.items()))
                 else:
-                    if hasattr(kernel, "tiles"):
-                        kernel.tiles.clear()  # name what the timed length ran, not the check's
+                    kernel = get_local(name)  # a fresh instance: what it records describes the timed run
                     measure(cell, rank, world, device, kernel, row)
                     detail = getattr(kernel, "backend_detail", lambda: None)()
                     if detail:  # rank 0's kernel configuration (this rank's steps)

@@ -196,14 +196,15 @@ def k_block_constexpr(plan: SparsePlan, block_n: int) -> int:
     return plan.uniform_k if plan.uniform_k and plan.uniform_k % block_n == 0 else 0
 
 
-def uses_tma(plan: SparsePlan, *tensors: torch.Tensor) -> bool:
+def uses_tma(plan: SparsePlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """True when forward() runs the tensor-descriptor kernel: the plan asks for it, key blocks are
-    uniform multiples of the tile, query tiles are whole, and every tensor (q, k, v and the output,
-    laid out like q) has a 16-byte aligned base and batch/head/row strides, as TMA requires."""
+    uniform multiples of the tile, query tiles are whole, and q, k and v have 16-byte aligned bases
+    and batch/head/row strides, as TMA requires (the output is a fresh allocation with q's strides,
+    so it is aligned whenever q is)."""
     if plan.config.fwd_kernel == "ptr" or not k_block_constexpr(plan, plan.config.fwd.block_n) or not plan.fwd_q.even:
         return False
     return all(t.data_ptr() % 16 == 0 and all(s * t.element_size() % 16 == 0 for s in t.stride()[:3])
-               for t in tensors)
+               for t in (q, k, v))
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: SparsePlan,
@@ -215,7 +216,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: SparsePlan,
     lse = torch.empty((b, hq, plan.seqlen_q), device=q.device, dtype=torch.float32)
     cfg, tiles = plan.config.fwd, plan.fwd_q
     grid = (tiles.count, b * hq)
-    if uses_tma(plan, q, k, v, out):
+    if uses_tma(plan, q, k, v):
         def launch() -> None:
             # Device-side descriptors need global scratch (128 bytes per program) from an allocator,
             # set in a copied context so that it does not leak into the caller's.
