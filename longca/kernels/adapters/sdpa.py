@@ -8,6 +8,8 @@ cannot take the inputs raises, and the cell is marked unsupported with SDPA's re
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -24,6 +26,20 @@ _BACKENDS = {
     "cudnn": SDPBackend.CUDNN_ATTENTION,
 }
 _HALF = frozenset({"float16", "bfloat16"})
+_PROBE_LEN = 128
+
+
+def refusal_reason(backend: str, exc: BaseException, warned: list[str]) -> str:
+    """'SDPA <backend> backend refused the inputs: <error>; <why, from SDPA's warnings>' (300 chars)."""
+    why = []
+    for text in warned:
+        line = " ".join(text.split())
+        if line and line not in why:
+            why.append(line)
+    reason = f"SDPA {backend} backend refused the inputs: {str(exc).splitlines()[0]}"
+    if why:
+        reason += "; " + "; ".join(why)
+    return reason[:300]
 
 
 class SdpaAttention:
@@ -51,14 +67,21 @@ class SdpaAttention:
                 return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal,
                                                       enable_gqa=gqa)
 
-        # Fail here (prepare is outside timing) if the forced backend refuses these inputs.
-        probe = [torch.zeros(1, h, 16, head_dim, dtype=dtype, device=device) for h in (heads_q, heads_kv, heads_kv)]
-        if attn_mask is None:
+        # Fail here (prepare is outside timing) if the forced backend refuses these inputs: a short
+        # probe with the same heads, head dim, dtype, flags and a boolean mask when the cell has one
+        # (SDPA picks its backend from these; 128 tokens keep the alignment every backend asks for).
+        # SDPA says why only in warnings; keep them.
+        probe = [torch.zeros(1, h, _PROBE_LEN, head_dim, dtype=dtype, device=device)
+                 for h in (heads_q, heads_kv, heads_kv)]
+        probe_mask = (None if attn_mask is None
+                      else torch.ones(1, 1, _PROBE_LEN, _PROBE_LEN, dtype=torch.bool, device=device))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             try:
                 with sdpa_kernel([backend]):
-                    F.scaled_dot_product_attention(*probe, is_causal=causal, enable_gqa=gqa)
+                    F.scaled_dot_product_attention(*probe, attn_mask=probe_mask, is_causal=causal, enable_gqa=gqa)
             except RuntimeError as exc:
-                raise Unsupported(f"SDPA {self.backend} backend refused the inputs: {str(exc).splitlines()[0][:300]}")
+                raise Unsupported(refusal_reason(self.backend, exc, [str(w.message) for w in caught])) from None
         return Prepared(call=call, layout=self.layout, info={"backend": self.backend})
 
 
