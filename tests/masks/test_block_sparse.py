@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from longca.masks import block_sparse as bs
+from longca.masks.blocks import BlockLayout
 from longca.masks.registry import build_mask
 
 
@@ -65,3 +66,39 @@ def test_importance_needs_inputs_of_the_right_shape():
     q = torch.zeros(1, 100, 2, 4)
     with pytest.raises(ValueError, match="do not match the mask"):
         build_mask("block_sparse", 128, {"score": "importance"}, inputs=(q, q))
+
+
+def _stable_argsort_top_k(scores: np.ndarray, keep: int) -> np.ndarray:
+    """The definition: a stable descending sort's first `keep` columns (ties to the lower index)."""
+    order = np.argsort(-scores, axis=-1, kind="stable")[..., :keep]
+    kept = np.zeros(scores.shape, dtype=bool)
+    np.put_along_axis(kept, order, True, axis=-1)
+    return kept
+
+
+@pytest.mark.parametrize("scores_kind", ["random", "few_values", "constant"])
+def test_linear_time_top_k_keeps_the_same_blocks_as_a_stable_sort(scores_kind):
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        shape = (int(rng.integers(1, 4)), int(rng.integers(1, 9)), int(rng.integers(1, 40)))
+        if scores_kind == "random":
+            scores = rng.random(shape)
+        elif scores_kind == "few_values":  # many ties at the threshold
+            scores = rng.integers(0, 3, shape).astype(np.float64)
+        else:
+            scores = np.ones(shape)
+        keep = int(rng.integers(1, shape[-1] + 1))
+        np.testing.assert_array_equal(bs.top_k_kept(scores, keep), _stable_argsort_top_k(scores, keep))
+
+
+def test_area_per_head_matches_the_exact_integer_sum_on_ragged_blocks():
+    rng = np.random.default_rng(3)
+    for _ in range(30):
+        qb = bs.variable_bounds(int(rng.integers(50, 3000)), 16, 64, rng)
+        kb = bs.variable_bounds(int(rng.integers(50, 3000)), 16, 48, rng)
+        kept = rng.random((3, len(qb) - 1, len(kb) - 1)) < rng.random()
+        layout = BlockLayout(qb, kb, kept, None)
+        exact = np.einsum("hij,i,j->h", kept.astype(np.int64), np.diff(qb), np.diff(kb))
+        area = layout.area_per_head()
+        assert area.dtype == np.int64
+        np.testing.assert_array_equal(area, exact)
