@@ -20,6 +20,7 @@
 #     checks            timer fidelity, FA4 smoke test and the sparse kernel check on GPU 0
 #     sparse_goal       the Triton block-sparse goal shape against dense cuDNN (sparse_triton.py headline)
 #     fidelity          the timer fidelity check alone (FIDELITY_ROUNDS rounds, default 3) on GPU 0
+#     sparse_long       the sparse_long sweep (256K, 512K), Triton first, then Flex (no FA4 needed)
 #     baselines         the dense_baselines sweep, sharded over the GPUs (no FA4 needed)
 #     long_rest         the long sweep's other kernels, FA4 first, then cuDNN, then the rest,
 #                       sharded over the GPUs (FA4 needed)
@@ -128,6 +129,10 @@ case "$1" in
   sparse_tune)
     CUDA_VISIBLE_DEVICES=0 timeout -k 10 -s TERM "$(left)" python3 benchmarks/sparse_triton.py "$logs/sparse_tune" \
       --budget-s $(( $(left) - 40 )) --no-check --tune-only > "$logs/sparse_tune.log" 2>&1 ;;
+  sparse_long)  # block-sparse at 256K and 512K, Triton first, then Flex
+    sharded sparse-long "--spec specs/h200.yaml --sweep sparse_long --only kernel=triton_block_sparse ${RETRY:-}" \
+      "--spec specs/h200.yaml --sweep sparse_long --only kernel=flex ${RETRY:-}"
+    cleanup ;;
   baselines)  # the dense_baselines sweep (naive, SDPA math and efficient, 1K-16K)
     sharded baselines "--spec specs/h200.yaml --sweep dense_baselines ${RETRY:-}"
     cleanup ;;
