@@ -7,6 +7,12 @@ each case is measured N times, alternating the two timers, so the spread between
 one run of either timer moves) is known beside their ratio; the row's ratio is the median of the
 rounds' ratios.
 
+do_bench's defaults (100 ms warm-up, 500 ms timed) keep the GPU busy about three times as long as
+longca's 5 + 20 calls; a GPU that lowers its clock under sustained load then runs do_bench's calls
+slower, which is not a timer difference. So each round also runs do_bench with warm-up and
+repetition matched to longca's own duration (`matched_*`), and the SM clock is read after every
+measurement (`*_clock_mhz`, NVML), to tell timer disagreement from clock drift.
+
     python benchmarks/timer_fidelity.py OUT.json [--rounds 3]
 """
 
@@ -22,6 +28,7 @@ import triton.testing
 from longca.kernels.registry import get
 from longca.masks.registry import build_mask
 from longca.measure.flops import attention_flops
+from longca.measure.env import gpu_clock_state
 from longca.measure.timer import CudaTimer
 
 
@@ -50,19 +57,29 @@ def main(out: str, rounds: int = 1) -> None:
                 k = torch.randn(shape_kv, device=dev, dtype=torch.bfloat16)
                 v = torch.randn(shape_kv, device=dev, dtype=torch.bfloat16)
                 fn = lambda: prep.call(q, k, v)  # noqa: E731
-                timings, theirs = [], []
+                timings, theirs, matched = [], [], []
+                clocks: dict[str, list] = {"longca": [], "do_bench": [], "matched": []}
                 with torch.no_grad():
                     for _ in range(rounds):
                         timings.append(timer.time(fn, warmup=5, iters=20, min_iters=20, budget_s=60))
+                        clocks["longca"].append(gpu_clock_state().get("clock_mhz"))
                         theirs.append(triton.testing.do_bench(fn, warmup=100, rep=500, return_mode="median"))
+                        clocks["do_bench"].append(gpu_clock_state().get("clock_mhz"))
+                        t = timings[-1].median_ms
+                        matched.append(triton.testing.do_bench(fn, warmup=5 * t, rep=20 * t, return_mode="median"))
+                        clocks["matched"].append(gpu_clock_state().get("clock_mhz"))
                 mine = [t.median_ms for t in timings]
                 ratios = [a / b for a, b in zip(mine, theirs)]
+                matched_ratios = [a / b for a, b in zip(mine, matched)]
                 ours, bench = statistics.median(mine), statistics.median(theirs)
                 flops = attention_flops(mask.area, hq, 128, "fwd")
                 rows.append({"kernel": kname, "mask": mask_name, "heads": f"{hq}:{hkv}", "seqlen": s,
                              "longca_median_ms": ours, "do_bench_median_ms": bench,
                              "ratio": statistics.median(ratios), "ratios": ratios, "longca_ms": mine,
-                             "do_bench_ms": theirs, "longca_tflops": flops / ours / 1e9,
+                             "do_bench_ms": theirs, "matched_ratio": statistics.median(matched_ratios),
+                             "matched_ratios": matched_ratios, "matched_do_bench_ms": matched,
+                             "longca_clock_mhz": clocks["longca"], "do_bench_clock_mhz": clocks["do_bench"],
+                             "matched_clock_mhz": clocks["matched"], "longca_tflops": flops / ours / 1e9,
                              "do_bench_tflops": flops / bench / 1e9, "timed_iters": timings[0].timed_iters})
     with open(out, "w") as fh:
         json.dump(rows, fh, indent=1)
