@@ -6,7 +6,8 @@
 CELLS.json is a list of cells (dicts) with keys: cell_id, mechanism, mask, mask_params, seqlen
 (global), batch, heads_q, heads_kv, head_dim, dtype, pass, world_size, degrees {ulysses, ring,
 windows}, balance, local_kernel, seed, warmup, iters, budget_s, device, backend; optional:
-mask_sample, check_seqlen. Each cell yields DIR/<cell_id>.json (written atomically) whose keys
+mask_sample, check_seqlen, warmup_s (warm-up time budget: stop warming up once every rank has spent
+it, after at least one iteration). Each cell yields DIR/<cell_id>.json (written atomically) whose keys
 are columns of longca.store.schema, with a status: ok, unsupported, incorrect, oom or error.
 
 Per cell: the mask is cut for this sharding; the mechanism is first checked against a
@@ -282,16 +283,24 @@ def measure(cell: dict, rank: int, world: int, device: torch.device, kernel, row
         run = lambda: _run_pass(pass_, q, k, v, dout, plan)
     budget = float(cell.get("budget_s", 60.0))
     warmup, iters = int(cell.get("warmup", 5)), int(cell.get("iters", 20))
+    warmup_s = cell.get("warmup_s")
     t_begin = time.perf_counter()
     tw = time.perf_counter()
+    warmed = 0
     for i in range(max(1, warmup)):
         run()
-        if i == 0:  # the first call compiles (flex) and autotunes: recorded apart from kernel time
+        warmed += 1
+        if i == 0 or warmup_s is not None:
             if device.type == "cuda":
                 torch.cuda.synchronize()
+        if i == 0:  # the first call compiles (flex) and autotunes: recorded apart from kernel time
             compile_s = time.perf_counter() - tw
+        # ranks stop together (an all-reduce), or the next collective would pair different calls
+        if warmup_s is not None and _agree(int(time.perf_counter() - tw >= float(warmup_s)), device):
+            break
     if device.type == "cuda":
         torch.cuda.synchronize()
+    warmup_wall = time.perf_counter() - tw
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
 
@@ -317,6 +326,7 @@ def measure(cell: dict, rank: int, world: int, device: torch.device, kernel, row
     t_begin = time.perf_counter()
     free = loop(max(1, min(len(samples), iters)))
     comm.enabled = True
+    timer_wall = time.perf_counter() - tw
     per_rank = _gather({"samples": samples, "free": free, "bytes": bytes_per_iter, "peak": peak})
     n_it = min(len(r["samples"]) for r in per_rank)
     it_ms = [max(r["samples"][i] for r in per_rank) for i in range(n_it)]
@@ -326,7 +336,9 @@ def measure(cell: dict, rank: int, world: int, device: torch.device, kernel, row
     flops = FLOP_FACTOR[pass_] * 4.0 * b * mask_area_q_heads(mask, hq) * d
     row.update(
         samples_ms=it_ms, median_ms=med, p20_ms=float(np.percentile(it_ms, 20)), p80_ms=float(np.percentile(it_ms, 80)),
-        warmup_iters=warmup, timed_iters=n_it, rank_ms=[_median(r["samples"]) for r in per_rank],
+        warmup_iters=warmed, timed_iters=n_it, rank_ms=[_median(r["samples"]) for r in per_rank],
+        warmup_s=warmup_wall,
+        timer_wall_s=timer_wall,  # warm-up, both timed loops (with and without communication), barriers
         rank_bytes_sent=[int(r["bytes"]) for r in per_rank],
         rank_peak_mem_bytes=[r["peak"] for r in per_rank] if device.type == "cuda" else None,
         peak_mem_bytes=max(r["peak"] for r in per_rank) if device.type == "cuda" else None,
@@ -388,8 +400,9 @@ def run_cell(cell: dict, rank: int, world: int, device: torch.device) -> dict:
             local_status, local_reason = "ok", None
             try:
                 if phase == "check":
+                    t_check = time.perf_counter()
                     errs = correctness(cell, rank, world, device, kernel)
-                    row.update(errs)
+                    row.update(errs, check_s=time.perf_counter() - t_check)
                     tol = TOLERANCE[cell["dtype"]]
                     bad = {k: v for k, v in errs.items() if k.startswith("rel_err") and not v <= tol}
                     if bad:  # identical on every rank (all-reduced errors)

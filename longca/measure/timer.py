@@ -1,7 +1,8 @@
 """One timer interface, two clocks: CUDA events on the GPU, a monotonic clock on the CPU.
 
-Protocol (measurement.md): warm-up iterations, then timed iterations capped by a count AND a time
-budget, an L2 flush before each timed iteration on the GPU, median / p20 / p80 and every sample kept.
+Protocol (measurement.md): warm-up iterations (capped by a count and, optionally, a time budget
+`warmup_s`, as triton's do_bench does), then timed iterations capped by a count AND a time budget,
+an L2 flush before each timed iteration on the GPU, median / p20 / p80 and every sample kept.
 
 The first warm-up iteration also measures compilation: JIT kernels (FlexAttention, FA4, Triton)
 compile on their first call at a shape, so its wall time beyond a steady iteration's is `compile_s`.
@@ -29,6 +30,8 @@ class Timing:
     l2_flush: bool
     kernel_s: float = 0.0  # summed timed kernel time (sweep efficiency)
     compile_s: float = 0.0  # first warm-up iteration's wall time beyond a steady iteration's
+    warmup_wall_s: float = 0.0  # wall time of the warm-up iterations (compile_s included)
+    wall_s: float = 0.0  # wall time of the whole timer call: warm-up, `before` calls, flushes, timed calls
     extra: dict = field(default_factory=dict)
 
     @property
@@ -71,17 +74,28 @@ class Timer:
         pass
 
     def time(self, fn: Callable[[], object], *, warmup: int, iters: int, min_iters: int = 1,
-             budget_s: float = 10.0, before: Callable[[], None] | None = None) -> Timing:
+             budget_s: float = 10.0, before: Callable[[], None] | None = None,
+             warmup_s: float | None = None) -> Timing:
+        """`warmup` iterations at most; with `warmup_s`, stop once one ran and they took >= warmup_s."""
+        if warmup_s is not None and not warmup_s > 0:
+            raise ValueError(f"warmup_s must be positive, got {warmup_s!r}")
+        t_start = time.perf_counter()
         first_wall = None
+        warmed = 0
         for i in range(warmup):
             t0 = time.perf_counter()
             if before:
                 before()
             fn()
+            warmed += 1
+            if i == 0 or warmup_s is not None:
+                self._sync()  # the budget must see device time, not launch time
             if i == 0:
-                self._sync()
                 first_wall = time.perf_counter() - t0
+            if warmup_s is not None and time.perf_counter() - t_start >= warmup_s:
+                break
         self._sync()
+        warmup_wall = time.perf_counter() - t_start
         t0 = time.perf_counter()
         if before:
             before()
@@ -93,10 +107,10 @@ class Timer:
             if before:
                 before()
             handles.append(self._start_one(fn))
-        samples = [first] + [self._elapsed_ms(h) for h in handles]
+        samples = [first] + [self._elapsed_ms(h) for h in handles]  # the last read waits for the device
         compile_s = max(first_wall - steady_wall, 0.0) if first_wall is not None else 0.0
-        return Timing(samples, warmup, len(samples), self.name, self.l2_flush, kernel_s=sum(samples) / 1000.0,
-                      compile_s=compile_s)
+        return Timing(samples, warmed, len(samples), self.name, self.l2_flush, kernel_s=sum(samples) / 1000.0,
+                      compile_s=compile_s, warmup_wall_s=warmup_wall, wall_s=time.perf_counter() - t_start)
 
 
 class CpuTimer(Timer):

@@ -172,6 +172,17 @@ def _status_page(rows: pl.DataFrame, c: pl.DataFrame) -> Page:
                "Process start-up and scheduling lie outside the cells, so the sweep's own ratio is lower.")
         page.table(_table(spent, ["spec", "sweep", "cells", "timed_s", "wall_s", "timed_share"],
                           numeric=["cells", "timed_s", "wall_s", "timed_share"]))
+    phases = queries.measurement_phases(rows)
+    if phases.height:
+        page.h2("Where the cell wall time goes")
+        page.p("Per sweep, over the cells whose rows record phase times (result schema 2 on; older rows are left "
+               "out): shares of the summed cell wall time. timed: the timed samples; warmup: warm-up calls beyond "
+               "their compilation; compile: the first call's compilation; other_timer: the rest of the timer call "
+               "(fresh untimed forwards before timed backwards, L2 flushes, launch gaps); check: the correctness "
+               "check (once per configuration and process); mask_build: masks and kernel preparation; rest: "
+               "inputs and everything else inside the cell.")
+        shares = [f"{p}_share" for p in queries.PHASES]
+        page.table(_table(phases, ["spec", "sweep", "cells", "wall_s", *shares], numeric=["cells", "wall_s", *shares]))
     return page
 
 

@@ -165,7 +165,7 @@ def measurement_time(rows: pl.DataFrame) -> pl.DataFrame:
     """Per (spec, sweep): summed timed kernel time (every timed sample of every row) over summed cell
     wall time (once per cell: its rows share one wall clock), over the cells that recorded a wall.
     Process start-up and scheduling between cells are outside every cell's wall, so a sweep's true
-    ratio is lower than `timed_share`."""
+    ratio is lower than `timed_share`. `measurement_phases` splits the wall of cells that record phases."""
     d = derive(rows).filter(pl.col("cell_wall_s").is_not_null())
     per_cell = (d.group_by("spec", "sweep", "cell_key", "machine")
                 .agg(timed_s=pl.col("samples_ms").list.sum().fill_null(0).sum() / 1000,
@@ -174,6 +174,44 @@ def measurement_time(rows: pl.DataFrame) -> pl.DataFrame:
             .agg(cells=pl.len(), timed_s=pl.col("timed_s").sum(), wall_s=pl.col("wall_s").sum())
             .with_columns(timed_share=pl.col("timed_s") / pl.col("wall_s"))
             .sort("spec", "sweep"))
+
+
+PHASES = ("timed", "warmup", "other_timer", "check", "compile", "mask_build", "rest")
+
+
+def measurement_phases(rows: pl.DataFrame) -> pl.DataFrame:
+    """Per (spec, sweep): where the cells' wall time went, over the cells whose rows record phase
+    times (schema_version >= 2; older rows are left out, not counted as zeros).
+
+    Seconds and shares of the summed cell wall, disjoint so they add up to it: `timed` (timed
+    samples), `compile` (compile_s), `warmup` (warm-up wall beyond the compilation inside it),
+    `other_timer` (the rest of the timer call: untimed fresh forwards before timed backwards, L2
+    flushes, launch gaps), `check` (correctness check, once per cell), `mask_build` (masks and
+    kernel preparation) and `rest` (inputs, peak and clock reads, row assembly). compile_s is
+    measured on the first warm-up call, so it is counted inside the warm-up up to the warm-up's
+    length; any excess (compilation outside the timer, CP plans) comes out of `rest`.
+    """
+    n = lambda c: pl.col(c).fill_null(0.0)  # noqa: E731 - a row without a phase spent no time in it
+    d = derive(rows).filter(pl.col("cell_wall_s").is_not_null() & (pl.col("schema_version").fill_null(1) >= 2))
+    inside = pl.min_horizontal(n("compile_s"), n("warmup_s"))
+    per_cell = (d.group_by("spec", "sweep", "cell_key", "machine")
+                .agg(wall_s=pl.col("cell_wall_s").max(),
+                     check_s=n("check_s").max(),  # the cell's, repeated on each row
+                     timed_s=pl.col("samples_ms").list.sum().fill_null(0).sum() / 1000,
+                     timer_s=n("timer_wall_s").sum(),
+                     warmup_all_s=n("warmup_s").sum(),
+                     compile_s=n("compile_s").sum(),
+                     compile_in_s=inside.sum(),
+                     mask_build_s=n("mask_build_s").sum()))
+    per_cell = per_cell.with_columns(
+        warmup_s=pl.col("warmup_all_s") - pl.col("compile_in_s"),
+        other_timer_s=pl.col("timer_s") - pl.col("warmup_all_s") - pl.col("timed_s"),
+        rest_s=(pl.col("wall_s") - pl.col("timer_s") - pl.col("check_s") - pl.col("mask_build_s")
+                - (pl.col("compile_s") - pl.col("compile_in_s"))))
+    out = (per_cell.group_by("spec", "sweep")
+           .agg(pl.len().alias("cells"), pl.col("wall_s").sum(), *[pl.col(f"{p}_s").sum() for p in PHASES])
+           .sort("spec", "sweep"))
+    return out.with_columns([(pl.col(f"{p}_s") / pl.col("wall_s")).alias(f"{p}_share") for p in PHASES])
 
 
 def cp_vs_single(c: pl.DataFrame) -> pl.DataFrame:

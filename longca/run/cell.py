@@ -157,7 +157,7 @@ def check_correctness(cell: Cell, device: torch.device) -> dict[str, Any]:
 
     At the cell's length when it is within check.max_seqlen, otherwise at that reduced length with
     the same mask pattern and parameters (cached per process: every longer cell of the same
-    kernel/mask/shape shares the one check).
+    kernel/mask/shape shares the one check). `cached` in the result says which (its time is 0).
     """
     kernel = registry.get(cell.kernel)
     check_len = min(cell.seqlen, int(cell.check_dict["max_seqlen"]))
@@ -167,7 +167,7 @@ def check_correctness(cell: Cell, device: torch.device) -> dict[str, Any]:
     key = (cell.kernel, cell.mask, cell.mask_params, cell.heads_q, cell.heads_kv, cell.head_dim, cell.dtype,
            cell.batch, check_len, cell.seed, str(device), json.dumps(cell.check_dict, sort_keys=True))
     if key in _check_cache and (_check_cache[key]["grads"] or not grads):
-        return _check_cache[key]
+        return {**_check_cache[key], "cached": True}
     dtype = DTYPES[cell.dtype]
     ref_dtype = torch.float64 if device.type == "cpu" else torch.float32
     q, k, v, do = _make_inputs(cell, check_len, "bshd", device, ref_dtype, cell.seed + 1, True)
@@ -204,7 +204,7 @@ def check_correctness(cell: Cell, device: torch.device) -> dict[str, Any]:
     if len(_check_cache) > 4096:
         _check_cache.clear()
     _check_cache[key] = result
-    return result
+    return {**result, "cached": False}
 
 
 def check_verdict(cell: Cell, check: dict[str, Any]) -> str | None:
@@ -254,7 +254,8 @@ def _measure_sample(cell: Cell, device: torch.device, sample: int, check: dict[s
     if cell.pass_ == "fwd":
         with torch.no_grad():
             timing = timer.time(lambda: prepared.call(q, k, v), warmup=rep["warmup"], iters=rep["iters"],
-                                min_iters=rep.get("min_iters", 1), budget_s=rep["budget_s"])
+                                min_iters=rep.get("min_iters", 1), budget_s=rep["budget_s"],
+                                warmup_s=rep.get("warmup_s"))
     elif cell.pass_ == "bwd":
         # Backward alone: a fresh (untimed) forward before each iteration, then the timed backward.
         # Re-running backward on one retained graph is refused by compiled kernels with donated
@@ -266,10 +267,12 @@ def _measure_sample(cell: Cell, device: torch.device, sample: int, check: dict[s
             saved["out"] = prepared.call(q, k, v)
 
         timing = timer.time(lambda: saved["out"].backward(do), warmup=rep["warmup"], iters=rep["iters"],
-                            min_iters=rep.get("min_iters", 1), budget_s=rep["budget_s"], before=fresh_forward)
+                            min_iters=rep.get("min_iters", 1), budget_s=rep["budget_s"],
+                            warmup_s=rep.get("warmup_s"), before=fresh_forward)
     else:
         timing = timer.time(lambda: prepared.call(q, k, v).backward(do), warmup=rep["warmup"], iters=rep["iters"],
-                            min_iters=rep.get("min_iters", 1), budget_s=rep["budget_s"], before=clear_grads)
+                            min_iters=rep.get("min_iters", 1), budget_s=rep["budget_s"],
+                            warmup_s=rep.get("warmup_s"), before=clear_grads)
     peak = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
     clock1 = gpu_clock_state() if device.type == "cuda" else {}
     area = mask.area_per_head * cell.batch
@@ -282,7 +285,8 @@ def _measure_sample(cell: Cell, device: torch.device, sample: int, check: dict[s
         "timer": timing.timer, "warmup_iters": timing.warmup_iters, "timed_iters": timing.timed_iters,
         "l2_flush": timing.l2_flush, "samples_ms": timing.samples_ms, "median_ms": timing.median_ms,
         "p20_ms": timing.p20_ms, "p80_ms": timing.p80_ms, "mask_build_s": build_s + prepared.build_s,
-        "compile_s": max(prepared.compile_s, timing.compile_s), "flops": flops, "flop_model": "softmax_exact_area", "tflops": tflops,
+        "compile_s": max(prepared.compile_s, timing.compile_s), "warmup_s": timing.warmup_wall_s,
+        "timer_wall_s": timing.wall_s, "flops": flops, "flop_model": "softmax_exact_area", "tflops": tflops,
         "tokens_per_s": cell.batch * cell.seqlen / (timing.median_ms * 1e-3), "peak_mem_bytes": peak,
         "backend": prepared.info.get("backend"), "clock_start_mhz": clock0.get("clock_mhz"),
         "clock_end_mhz": clock1.get("clock_mhz"), "throttle_reasons": clock1.get("throttle"),
@@ -342,21 +346,28 @@ def run_cell(cell: Cell) -> list[dict[str, Any]]:
         return [status_row(cell, "unsupported", reason)]
     rows: list[dict[str, Any]] = []
     check = None
+    t_check, check_s, failed = None, 0.0, None
     try:
         if cell.check_dict.get("enabled", True):
+            t_check = time.perf_counter()
             check = check_correctness(cell, device)
+            check_s = 0.0 if check["cached"] else time.perf_counter() - t_check
+            t_check = None
             failed = check_verdict(cell, check)
-            if failed:
-                r = status_row(cell, "incorrect", failed)
-                r.update({k: v for k, v in check.items() if k.startswith("rel_err") or k == "check_seqlen"})
-                return [r]
-        for sample in range(cell.samples):
-            row = base_row(cell)
-            row.update(_measure_sample(cell, device, sample, check))
-            rows.append(row)
+        if failed:  # an incorrect cell keeps its wall and check time like any other
+            r = status_row(cell, "incorrect", failed)
+            r.update({k: v for k, v in check.items() if k.startswith("rel_err") or k == "check_seqlen"})
+            rows = [r]
+        else:
+            for sample in range(cell.samples):
+                row = base_row(cell)
+                row.update(_measure_sample(cell, device, sample, check))
+                rows.append(row)
     except BaseException as exc:  # noqa: BLE001 - every failure of the cell becomes its row
         if isinstance(exc, KeyboardInterrupt):
             raise
+        if t_check is not None:  # failed inside the check: its time so far
+            check_s = time.perf_counter() - t_check
         status, reason = _classify(exc)
         row = status_row(cell, status, reason)
         if status == "error":
@@ -370,6 +381,7 @@ def run_cell(cell: Cell) -> list[dict[str, Any]]:
     wall = time.perf_counter() - t_cell
     for r in rows:
         r["cell_wall_s"] = wall
+        r["check_s"] = check_s  # one check per cell: every row carries it, count it once per cell
     return rows
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from longca.spec.load import Spec, SpecError, parse_seqlen
@@ -69,6 +70,11 @@ def check_spec(spec: Spec) -> None:
             if d % 8:
                 raise SpecError(f"{where}.head_dims.{j}", f"{d}: head dims must be multiples of 8")
         rep = sw.repeat
+        if "warmup_s" in rep:
+            w = rep["warmup_s"]
+            if isinstance(w, bool) or not isinstance(w, (int, float)) or not (0 < w < math.inf):
+                raise SpecError(f"{where}.repeat.warmup_s",
+                                f"{w!r}: the warm-up time budget must be a positive, finite number of seconds")
         if rep.get("min_iters", 1) > rep.get("iters", 1):
             raise SpecError(f"{where}.repeat.min_iters",
                             f"{rep['min_iters']} exceeds repeat.iters={rep['iters']}; min_iters must be <= iters")

@@ -12,7 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: phase times check_s, timer_wall_s, warmup_s
 
 STATUSES = ("ok", "unsupported", "oom", "error", "timeout", "incorrect")
 
@@ -67,7 +67,7 @@ _FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("comm_exposed_ms", pa.float64(), "communication time not hidden behind compute: median iteration minus median with communication replaced by no-ops (noise can make it slightly negative; not clipped)"),
     # timing
     ("timer", pa.string(), "cuda_events | cpu_monotonic | do_bench"),
-    ("warmup_iters", pa.int32(), ""),
+    ("warmup_iters", pa.int32(), "warm-up iterations run (fewer than the spec's count when repeat.warmup_s cut them)"),
     ("timed_iters", pa.int32(), ""),
     ("l2_flush", pa.bool_(), ""),
     ("samples_ms", pa.list_(pa.float64()), "per-iteration times"),
@@ -77,6 +77,12 @@ _FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("mask_build_s", pa.float64(), "mask construction, outside kernel time"),
     ("compile_s", pa.float64(), "first warm-up call beyond a steady one (compilation, autotune), outside kernel time"),
     ("cell_wall_s", pa.float64(), "wall time of the whole cell"),
+    ("check_s", pa.float64(), "wall seconds the cell spent in its correctness check (0 when the check came from "
+                              "the process's cache); the cell's, repeated on each of its rows (since v2)"),
+    ("timer_wall_s", pa.float64(), "wall seconds of this row's timer call: warm-up, untimed calls before each "
+                                   "timed one (fresh forwards), L2 flushes, timed calls (since v2)"),
+    ("warmup_s", pa.float64(), "wall seconds of this row's warm-up iterations, compile_s included; capped by "
+                               "the spec's repeat.warmup_s if set (since v2)"),
     ("flops", pa.float64(), "FLOPs of one timed iteration (exact mask area)"),
     ("flop_model", pa.string(), "softmax_exact_area | linear_<family>"),
     ("tflops", pa.float64(), "flops / median time; per-GPU for CP"),

@@ -28,6 +28,8 @@ CELLS = [
     dict(BASE, cell_id="bad_mask", mask="diagonal"),
     dict(BASE, cell_id="indivisible", seqlen=66),
     dict(BASE, cell_id="wrong_kernel", local_kernel="off_by_one_percent"),
+    dict(BASE, cell_id="warm_count", warmup=3, **{"pass": "fwd"}),
+    dict(BASE, cell_id="warm_budget", warmup=3, warmup_s=1e-9, **{"pass": "fwd"}),  # ranks stop together
 ]
 
 
@@ -92,3 +94,9 @@ def test_cells_become_rows(tmp_path):
     assert rows["indivisible"]["status"] == "unsupported" and "seqlen=66" in rows["indivisible"]["reason"]
     wrong = rows["wrong_kernel"]
     assert wrong["status"] == "incorrect" and "rel_err_out" in wrong["reason"] and wrong.get("median_ms") is None
+
+    # phase times, and the warm-up count a time budget cuts
+    assert ok["check_s"] > 0 and 0 < ok["warmup_s"] <= ok["timer_wall_s"] <= ok["cell_wall_s"]
+    assert ok["warmup_iters"] == 1
+    assert rows["warm_count"]["warmup_iters"] == 3
+    assert rows["warm_budget"]["status"] == "ok" and rows["warm_budget"]["warmup_iters"] == 1

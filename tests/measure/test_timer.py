@@ -2,6 +2,8 @@
 
 import time
 
+import pytest
+
 from longca.measure.timer import CpuTimer
 
 
@@ -74,3 +76,66 @@ def test_compile_time_counts_the_untimed_before_call_too():
 
 def test_no_warmup_means_no_compile_estimate():
     assert CpuTimer().time(lambda: None, warmup=0, iters=1).compile_s == 0.0
+
+
+def test_warmup_time_budget_stops_after_the_first_warmup_once_spent():
+    calls = []
+
+    def fn():
+        calls.append(1)
+        time.sleep(0.01)
+
+    t = CpuTimer().time(fn, warmup=5, iters=2, budget_s=100.0, warmup_s=1e-6)
+    assert t.warmup_iters == 1 and len(calls) == 1 + 2
+
+
+def test_warmup_time_budget_never_exceeds_the_count():
+    calls = []
+    t = CpuTimer().time(lambda: calls.append(1), warmup=5, iters=2, budget_s=100.0, warmup_s=1e6)
+    assert t.warmup_iters == 5 and len(calls) == 5 + 2
+
+
+def test_warmup_time_budget_stops_once_reached():
+    # 30 ms per call and a 50 ms budget: the second warm-up reaches it.
+    t = CpuTimer().time(lambda: time.sleep(0.03), warmup=10, iters=1, budget_s=100.0, warmup_s=0.05)
+    assert t.warmup_iters == 2
+    assert 0.05 <= t.warmup_wall_s < 0.2
+
+
+def test_warmup_time_budget_waits_for_the_device_after_each_warmup():
+    # On a GPU the calls are asynchronous: without a sync the budget would see launch time only.
+    class Syncs(CpuTimer):
+        def __init__(self):
+            self.syncs = 0
+
+        def _sync(self):
+            self.syncs += 1
+
+    plain, budgeted = Syncs(), Syncs()
+    plain.time(lambda: None, warmup=4, iters=1)
+    budgeted.time(lambda: None, warmup=4, iters=1, warmup_s=1e6)
+    assert plain.syncs == 2  # after the first warm-up (compile estimate) and before timing
+    assert budgeted.syncs == 4 + 1
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan")])
+def test_non_positive_warmup_budget_is_refused(bad):
+    with pytest.raises(ValueError, match="warmup_s"):
+        CpuTimer().time(lambda: None, warmup=1, iters=1, warmup_s=bad)
+
+
+def test_phase_walls_cover_warmup_untimed_calls_and_timed_calls():
+    # 3 warm-ups of 20 ms (+10 ms `before` each), 2 timed calls of 20 ms, each after a 10 ms `before`.
+    t = CpuTimer().time(lambda: time.sleep(0.02), warmup=3, iters=2, budget_s=100.0,
+                        before=lambda: time.sleep(0.01))
+    assert t.warmup_iters == 3
+    assert 0.09 <= t.warmup_wall_s < 0.2
+    timed = t.kernel_s
+    assert 0.04 <= timed < 0.1
+    other = t.wall_s - t.warmup_wall_s - timed  # the `before` calls of the timed iterations
+    assert 0.02 <= other < 0.06
+
+
+def test_no_warmup_has_no_warmup_wall():
+    t = CpuTimer().time(lambda: time.sleep(0.01), warmup=0, iters=1)
+    assert t.warmup_iters == 0 and t.warmup_wall_s < 0.005 and t.wall_s >= 0.01

@@ -90,3 +90,24 @@ def test_empty_and_sparse_inputs_still_build(tmp_path: Path) -> None:
         status = (tmp_path / name / "status.html").read_text()
         assert ("boom" in status) == (name == "bare")
         assert all(c == "overview-support" for c in built.charts)
+
+
+
+def test_status_page_tables_phases_from_new_rows_beside_old_files(tmp_path: Path) -> None:
+    from longca.report import build_report
+    from longca.store.schema import to_table
+
+    base = dict(spec="s", kernel="k", mask="full", seqlen_q=1024, seqlen_k=1024, batch=1, heads_q=8, heads_kv=8,
+                head_dim=64, dtype="bf16", status="ok", tflops=1.0, median_ms=1.0, device_name="dev", host="h",
+                world_size=1, samples_ms=[500.0], cell_wall_s=2.0)
+    old = to_table([dict(base, sweep="old_sweep", cell_id="o", schema_version=1)])
+    old = old.drop_columns(["check_s", "timer_wall_s", "warmup_s"])  # as schema 1 wrote it
+    pq.write_table(old, tmp_path / "old.parquet")
+    new = to_table([dict(base, sweep="new_sweep", cell_id="n", check_s=0.5, timer_wall_s=1.0, warmup_s=0.25)])
+    pq.write_table(new, tmp_path / "new.parquet")
+    build_report([tmp_path / "old.parquet", tmp_path / "new.parquet"], tmp_path / "site", png=False)
+    status = (tmp_path / "site" / "status.html").read_text()
+    measured, phases = status.split("Where the cell wall time goes")
+    assert "old_sweep" in measured and "new_sweep" in measured  # timed share: every cell with a wall
+    assert "new_sweep" in phases and "old_sweep" not in phases  # phases: only rows that record them
+    assert "check_share" in phases and "rest_share" in phases

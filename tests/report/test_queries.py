@@ -142,6 +142,36 @@ def test_measurement_time_counts_each_cells_wall_once() -> None:
     assert t.item(0, "timed_share") == pytest.approx(0.1)
 
 
+def test_measurement_phases_add_up_to_the_wall_of_cells_with_phase_times() -> None:
+    w = dict(spec="s", sweep="w")
+    rows = [_row(cell_id="a", **w, mask_sample=0, samples_ms=[100.0, 100.0], warmup_s=0.3, compile_s=0.1,
+                 timer_wall_s=0.6, mask_build_s=0.05, check_s=0.2, cell_wall_s=1.5),
+            _row(cell_id="a", **w, mask_sample=1, samples_ms=[200.0], warmup_s=0.2, compile_s=0.0,
+                 timer_wall_s=0.35, mask_build_s=0.05, check_s=0.2, cell_wall_s=1.5),
+            _row(cell_id="b", **w, samples_ms=[50.0], cell_wall_s=3.0, schema_version=1),  # schema 1: left out
+            _row(cell_id="c", **w, status="unsupported", samples_ms=None, cell_wall_s=0.5),  # all of it is rest
+            # compilation longer than the warm-up (outside the timer, like a CP plan): the excess leaves `rest`
+            _row(cell_id="d", **w, samples_ms=[100.0], warmup_s=0.1, compile_s=0.3, timer_wall_s=0.25,
+                 mask_build_s=0.0, check_s=0.0, cell_wall_s=1.0)]
+    df = pl.from_arrow(to_table(rows))
+    t = queries.measurement_phases(df)
+    assert t.height == 1 and t.item(0, "cells") == 3
+    assert t.item(0, "wall_s") == pytest.approx(3.0)
+    want = {"timed": 0.5, "warmup": 0.4, "other_timer": 0.1, "check": 0.2, "compile": 0.4, "mask_build": 0.1,
+            "rest": 0.25 + 0.5 + 0.55}
+    for phase, seconds in want.items():
+        assert t.item(0, f"{phase}_s") == pytest.approx(seconds), phase
+        assert t.item(0, f"{phase}_share") == pytest.approx(seconds / 3.0), phase
+    assert sum(t.item(0, f"{p}_share") for p in queries.PHASES) == pytest.approx(1.0)
+    # the existing figure still counts every cell with a wall, old rows included
+    assert queries.measurement_time(df).item(0, "cells") == 4
+
+
+def test_measurement_phases_of_schema_1_rows_only_is_empty() -> None:
+    rows = [_row(cell_id="b", spec="s", sweep="w", samples_ms=[50.0], cell_wall_s=3.0, schema_version=1)]
+    assert queries.measurement_phases(pl.from_arrow(to_table(rows))).height == 0
+
+
 def _linear_case(soft: list[float], lin: list[float]) -> pl.DataFrame:
     lengths = [1024 * 2**i for i in range(len(soft))]
     rows = [_row("softmax_k", "causal", s, tokens_per_s=t) for s, t in zip(lengths, soft)]

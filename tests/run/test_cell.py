@@ -7,11 +7,12 @@ from longca.spec.cells import expand
 from longca.spec.load import load_spec
 
 
-def spec(kernels, masks="[full, causal]", extra="", passes="[bwd]"):
+def spec(kernels, masks="[full, causal]", extra="", passes="[bwd]",
+         repeat="warmup: 1, iters: 3, min_iters: 1, budget_s: 0.2, l2_flush: false"):
     return load_spec(text=f"""
 name: t
 device: cpu
-repeat: {{warmup: 1, iters: 3, min_iters: 1, budget_s: 0.2, l2_flush: false}}
+repeat: {{{repeat}}}
 check: {{max_seqlen: 256}}
 mask_samples: {{multi_document: 2, single: 1}}
 kernels: {kernels}
@@ -103,3 +104,38 @@ def test_backward_refused_at_run_time_is_unsupported_and_forward_still_runs(monk
     assert row["status"] == "unsupported" and row["reason"] == "this Triton computes wrong gradients"
     (row,) = run_cell(expand(spec("[naive]", masks="[causal]", passes="[fwd]"))[0])
     assert row["status"] == "ok" and row["rel_err_out"] < 1e-5
+
+
+def test_rows_carry_phase_times_and_the_check_counts_once(monkeypatch):
+    from longca.run import cell as cell_mod
+
+    monkeypatch.setattr(cell_mod, "_check_cache", {})  # a fresh process: the first cell checks
+    bwd, fwd = expand(spec("[sdpa_math]", masks="[full]", passes="[bwd, fwd]"))
+    (first,) = run_cell(bwd)
+    (second,) = run_cell(fwd)  # same shape: the backward cell's check (with gradients) serves it
+    assert first["status"] == second["status"] == "ok"
+    assert first["check_s"] > 0 and second["check_s"] == 0.0
+    for r in (first, second):
+        timed = sum(r["samples_ms"]) / 1000
+        assert 0 < r["warmup_s"] <= r["timer_wall_s"] and timed <= r["timer_wall_s"]
+        assert r["warmup_s"] + timed <= r["timer_wall_s"] + 1e-9
+        assert r["compile_s"] <= r["warmup_s"]
+        assert r["timer_wall_s"] + r["check_s"] + r["mask_build_s"] <= r["cell_wall_s"]
+
+
+def test_warmup_time_budget_of_the_spec_cuts_the_warmups():
+    fixed = "warmup: 5, iters: 1, min_iters: 1, budget_s: 0.2, l2_flush: false"
+    (row,) = run_cell(expand(spec("[naive]", masks="[full]", passes="[fwd]", repeat=fixed))[0])
+    assert row["warmup_iters"] == 5
+    budgeted = fixed + ", warmup_s: 1.0e-9"
+    (row,) = run_cell(expand(spec("[naive]", masks="[full]", passes="[fwd]", repeat=budgeted))[0])
+    assert row["status"] == "ok" and row["warmup_iters"] == 1
+
+
+def test_incorrect_cell_keeps_its_wall_and_check_time(plugin_env, monkeypatch):
+    from longca.run import cell as cell_mod
+
+    monkeypatch.setattr(cell_mod, "_check_cache", {})
+    (row,) = run_cell(expand(spec("[test_wrong]"))[0])
+    assert row["status"] == "incorrect"
+    assert row["check_s"] > 0 and row["cell_wall_s"] >= row["check_s"]

@@ -104,3 +104,52 @@ sweeps:
         local = sub_mask(mask.slices, layout, layout)
         assert len(local) == pieces, (balance, local)
         assert area(local) == mask.area_per_head  # same pairs, only their order differs
+
+
+# Digests of committed cells, from the `cell_digest` column of results/<spec>/all.parquet (and, for
+# default.yaml, from the code before repeat.warmup_s existed). A digest names the cell's result
+# file: if one changes, every committed result of that spec would be measured again.
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
+KNOWN_DIGESTS = {
+    "h200.yaml": {
+        "dense/kernel=sdpa_cudnn/mask=full/mask_variant=default/seqlen_q=1024/heads_q=64/heads_kv=8/head_dim=128/"
+        "dtype=bfloat16/pass=fwd/batch=1": "31e4828a9c27182b",
+        "long/kernel=sdpa_cudnn/mask=full/mask_variant=default/seqlen_q=65536/heads_q=64/heads_kv=8/head_dim=128/"
+        "dtype=bfloat16/pass=fwd/batch=1": "9a218cd95fa445ab",
+        "sparse/kernel=triton_block_sparse/mask=block_sparse/mask_variant=block-128_density-0.5/seqlen_q=16384/"
+        "heads_q=64/heads_kv=8/head_dim=128/dtype=bfloat16/pass=fwd/batch=1": "c96e8beeb829ac38",
+        "linear/kernel=fla_linear_attn/mask=causal/mask_variant=default/seqlen_q=1024/heads_q=64/heads_kv=64/"
+        "head_dim=128/dtype=bfloat16/pass=fwd/batch=1": "b5c8689e2e325573",
+    },
+    "h200-cp.yaml": {
+        "cp_goal/kernel=sdpa_cudnn/mask=full/mask_variant=default/seqlen_q=65536/heads_q=64/heads_kv=8/head_dim=128/"
+        "dtype=bfloat16/pass=fwd/batch=1/world_size=2/cp_mechanism=ring_p2p/cp_variant=ring2-contiguous":
+        "e21a85645ea82b07",
+    },
+    "default.yaml": {
+        "dense/kernel=naive/mask=full/mask_variant=default/seqlen_q=256/heads_q=4/heads_kv=4/head_dim=32/"
+        "dtype=float32/pass=fwd/batch=1": "f94ba51065d2b9bb",
+        "cp/kernel=naive/mask=block_sparse/mask_variant=block-64_density-0.5/seqlen_q=256/heads_q=4/heads_kv=2/"
+        "head_dim=32/dtype=float32/pass=bwd/batch=1/world_size=2/cp_mechanism=ring_p2p/cp_variant=ring2-contiguous":
+        "c56f288c02c84314",
+    },
+}
+
+
+def test_shipped_specs_keep_their_cell_digests():
+    for name, known in KNOWN_DIGESTS.items():
+        cells = {f"{c.sweep}/{c.id.rsplit('@', 1)[0]}": c for c in expand(load_spec(ROOT / "specs" / name))}
+        for key, digest in known.items():
+            assert key in cells, f"{name}: no cell {key}"
+            assert cells[key].digest == digest, f"{name}: {key} changed digest"
+            assert "warmup_s" not in dict(cells[key].repeat)  # an optional key is never defaulted in
+
+
+def test_warmup_budget_is_part_of_the_digest_only_where_set():
+    text = SPEC.replace("  - name: cp\n", "  - name: cp\n    repeat: {warmup_s: 0.5}\n")
+    before, after = expand(load_spec(text=SPEC)), expand(load_spec(text=text))
+    assert [c.relpath() for c in before if c.sweep == "dense"] == [c.relpath() for c in after if c.sweep == "dense"]
+    cp_before = {c.id.rsplit("@", 1)[0]: c.digest for c in before if c.sweep == "cp"}
+    cp_after = {c.id.rsplit("@", 1)[0]: c for c in after if c.sweep == "cp"}
+    assert cp_before.keys() == cp_after.keys()
+    assert all(cp_after[k].digest != d and dict(cp_after[k].repeat)["warmup_s"] == 0.5 for k, d in cp_before.items())

@@ -74,6 +74,9 @@ BAD = [
     (spec_with(colour="blue"), "(top level)", ["colour", "allowed keys"]),
     (spec_with(repeat={"warmup": 1, "iters": 2, "min_iters": 5}), "sweeps.0.repeat.min_iters", ["min_iters"]),
     (spec_with(repeat={"iters": 0}), "repeat.iters", ["0"]),
+    (spec_with(repeat={"warmup_s": 0}), "repeat.warmup_s", ["0", "minimum"]),
+    (spec_with(repeat={"warmup_s": "1s"}), "repeat.warmup_s", ["1s", "number"]),
+    (spec_with(repeat={"warmup_s": float("nan")}), "sweeps.0.repeat.warmup_s", ["nan", "positive, finite"]),
     (spec_with(sweep_exclude=[{"kernel": "nave"}]), "sweeps.0.exclude.0.kernel", ["nave", "allowed", "naive"]),
     (spec_with(sweep_exclude=[{"colour": "red"}]), "sweeps.0.exclude.0", ["colour"]),
     (spec_with(sweep_cp={"mechanisms": ["ring"], "world_sizes": [2]}), "sweeps.0.cp.mechanisms.0",
@@ -118,3 +121,9 @@ def test_yaml_is_loaded_safely():
     text = textwrap.dedent(GOOD) + "description: !!python/object/apply:os.system ['echo hacked']\n"
     with pytest.raises(SpecError, match="YAML"):
         load_spec(text=text)
+
+
+def test_warmup_budget_is_optional_and_inherited():
+    assert "warmup_s" not in load_spec(text=GOOD).sweeps[0].repeat
+    spec = load_spec(text=spec_with(repeat={"warmup": 10, "warmup_s": 0.25}))
+    assert spec.sweeps[0].repeat["warmup_s"] == 0.25 and spec.sweeps[0].repeat["warmup"] == 10
