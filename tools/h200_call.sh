@@ -156,6 +156,20 @@ for st in ${stage//+/ }; do run_stage "$st"; done
 for spec in h200 h200-cp; do
   if [ -d "results/$spec/cells" ]; then
     python3 -m longca.cli aggregate --spec "specs/$spec.yaml" --present-only --out "$out/$spec.parquet" >> "$logs/aggregate.log" 2>&1
+    # The aggregate holds the current spec's cells only; rows of cells the spec no longer has (the
+    # Ulysses zigzag cells before `balance: auto` changed) stay in the returned file, marked by
+    # their own parameters, instead of vanishing when it replaces results/$spec/all.parquet.
+    [ -f "results/$spec/all.parquet" ] && python3 - "$out/$spec.parquet" "results/$spec/all.parquet" >> "$logs/aggregate.log" 2>&1 <<'PY'
+import sys, pyarrow as pa, pyarrow.compute as pc, pyarrow.parquet as pq
+new_path, old_path = sys.argv[1:]
+new, old = pq.read_table(new_path), pq.read_table(old_path)
+kept = old.filter(pc.invert(pc.is_in(old["cell_digest"], value_set=new["cell_digest"])))
+if kept.num_rows:  # older rows lack the columns a later schema added: nulls there
+    cols = [kept[f.name].cast(f.type) if f.name in kept.column_names else pa.nulls(kept.num_rows, f.type)
+            for f in new.schema]
+    pq.write_table(pa.concat_tables([new, pa.Table.from_arrays(cols, schema=new.schema)]), new_path)
+print(f"{new_path}: kept {kept.num_rows} rows of cells outside the spec from {old_path}")
+PY
   fi
 done
 tar czf "$out/logs.tar.gz" "$logs" 2>/dev/null
