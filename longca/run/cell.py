@@ -26,11 +26,13 @@ from longca.measure.env import environment, gpu_clock_state
 from longca.measure.flops import attention_flops
 from longca.measure.peak import peak_tflops
 from longca.measure.reference import dense_mask_tensor, reference_attention, relative_error
+from longca.measure.reference_cache import ReferenceCache
 from longca.measure.timer import timer_for
 from longca.spec.cells import Cell
 
 RUN_ID = uuid.uuid4().hex[:12]  # one per process: rows of one run share it
 _check_cache: dict[tuple, dict[str, Any]] = {}
+_reference_cache = ReferenceCache()  # shared by the kernels checked on one problem
 
 
 class CellFailure(Exception):
@@ -183,9 +185,17 @@ def check_correctness(cell: Cell, device: torch.device) -> dict[str, Any]:
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
         family_ref = prepared.extra.get("reference")  # non-softmax families bring their own reference
-        ref = family_ref(q, k, v) if family_ref else reference_attention(q, k, v, dense_mask_tensor(mask, device))
+        # Softmax references depend on the problem, not the kernel: one per (mask, shape, seed, device).
+        ref_key = None if family_ref else (cell.mask, cell.mask_params, cell.heads_q, cell.heads_kv, cell.head_dim,
+                                           cell.batch, check_len, cell.seed, device.type, ref_dtype)
+        cached = _reference_cache.get(ref_key, grads, device) if ref_key else None
+        if cached:
+            ref = cached["out"]
+        else:
+            ref = family_ref(q, k, v) if family_ref else reference_attention(q, k, v, dense_mask_tensor(mask, device))
         result = {"check_seqlen": check_len,
                   "rel_err_out": relative_error(_to_bshd(out, prepared.layout, cell.batch), ref)}
+        ref_grads = None
         if grads:
             try:
                 out.backward(kdo)
@@ -194,10 +204,16 @@ def check_correctness(cell: Cell, device: torch.device) -> dict[str, Any]:
                     raise
                 grads = False
             else:
-                ref.backward(do)
-                for name, mine, theirs in (("dq", kq, q), ("dk", kk, k), ("dv", kv, v)):
+                if cached:
+                    ref_grads = {name: cached[name] for name in ("dq", "dk", "dv")}
+                else:
+                    ref.backward(do)
+                    ref_grads = {"dq": q.grad, "dk": k.grad, "dv": v.grad}
+                for name, mine in (("dq", kq), ("dk", kk), ("dv", kv)):
                     result[f"rel_err_{name}"] = relative_error(_to_bshd(mine.grad, prepared.layout, cell.batch),
-                                                               theirs.grad)
+                                                               ref_grads[name])
+        if ref_key and not cached:
+            _reference_cache.put(ref_key, {"out": ref, **(ref_grads or {})})
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev_tf32
     result["grads"] = grads

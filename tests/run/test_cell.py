@@ -139,3 +139,44 @@ def test_incorrect_cell_keeps_its_wall_and_check_time(plugin_env, monkeypatch):
     (row,) = run_cell(expand(spec("[test_wrong]"))[0])
     assert row["status"] == "incorrect"
     assert row["check_s"] > 0 and row["cell_wall_s"] >= row["check_s"]
+
+
+def test_kernels_on_the_same_problem_share_one_reference(monkeypatch):
+    """The float32/float64 reference depends on the problem only: a second kernel's check reuses it
+    and gets the same errors as against a freshly computed one."""
+    from longca.measure.reference_cache import ReferenceCache
+    from longca.run import cell as cell_mod
+
+    calls = []
+    real = cell_mod.reference_attention
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cell_mod, "reference_attention", counting)
+    naive, sdpa = expand(spec("[naive, sdpa_math]", masks="[causal]"))
+    monkeypatch.setattr(cell_mod, "_check_cache", {})
+    monkeypatch.setattr(cell_mod, "_reference_cache", ReferenceCache())
+    shared = [cell_mod.check_correctness(c, cell_mod.torch.device("cpu")) for c in (naive, sdpa)]
+    assert len(calls) == 1 and cell_mod._reference_cache.hits == 1
+    monkeypatch.setattr(cell_mod, "_check_cache", {})
+    monkeypatch.setattr(cell_mod, "_reference_cache", ReferenceCache(max_bytes=0))  # stores nothing
+    fresh = cell_mod.check_correctness(sdpa, cell_mod.torch.device("cpu"))
+    assert len(calls) == 2
+    for name in ("rel_err_out", "rel_err_dq", "rel_err_dk", "rel_err_dv"):
+        assert shared[1][name] == fresh[name] and shared[1][name] < 1e-5
+
+
+def test_a_reference_is_not_shared_across_masks_or_shapes(monkeypatch):
+    from longca.measure.reference_cache import ReferenceCache
+    from longca.run import cell as cell_mod
+
+    monkeypatch.setattr(cell_mod, "_check_cache", {})
+    monkeypatch.setattr(cell_mod, "_reference_cache", ReferenceCache())
+    cells = expand(spec("[naive]", masks="[full, causal]"))
+    cells += expand(spec("[naive]", masks="[causal]", extra='heads: ["2:2"]'))
+    for c in cells:
+        check = cell_mod.check_correctness(c, cell_mod.torch.device("cpu"))
+        assert check["rel_err_out"] < 1e-5 and check["rel_err_dq"] < 1e-5
+    assert cell_mod._reference_cache.hits == 0 and len(cell_mod._reference_cache) == 3
