@@ -95,16 +95,22 @@ def top_k_kept(scores: np.ndarray, keep: int) -> np.ndarray:
     nk = scores.shape[-1]
     if keep >= nk:
         return np.ones(scores.shape, dtype=bool)
-    # np.partition puts the keep-th largest at position nk - keep of each ascending-partitioned row.
-    thr = np.partition(scores, nk - keep, axis=-1)[..., nk - keep:nk - keep + 1]
-    kept = scores > thr
-    ties = scores == thr
-    need = keep - kept.sum(axis=-1)
-    over = ties.sum(axis=-1) > need  # rows where the threshold value repeats beyond what is needed
-    if over.any():
-        rows = ties[over]
-        ties[over] = rows & (np.cumsum(rows, axis=-1, dtype=np.int32) <= need[over][:, None])
-    kept |= ties
+    kept = np.empty(scores.shape, dtype=bool)
+    buf = np.empty(scores.shape[1:], dtype=scores.dtype)  # one head at a time, one buffer for all
+    for h in range(scores.shape[0]):
+        s = scores[h]
+        buf[...] = s
+        # In-place selection: the keep-th largest lands at position nk - keep of each row.
+        buf.partition(nk - keep, axis=-1)
+        thr = buf[:, nk - keep:nk - keep + 1]
+        k = np.greater(s, thr, out=kept[h])
+        ties = s == thr
+        need = keep - k.sum(axis=-1)
+        over = ties.sum(axis=-1) > need  # rows where the threshold value repeats beyond what is needed
+        if over.any():
+            rows = ties[over]
+            ties[over] = rows & (np.cumsum(rows, axis=-1, dtype=np.int32) <= need[over][:, None])
+        k |= ties
     return kept
 
 
