@@ -125,3 +125,39 @@ def test_cpu_backward_is_unsupported(flex):
         prepared.call(q, k, k)
     with torch.no_grad():
         assert prepared.call(q, k, k).shape == (B, HQ, S, D)
+
+
+@pytest.mark.parametrize("block, grid", [(128, 128), (256, 128), (64, 64), (96, 32), (48, 16), (40, 128)])
+def test_uniform_block_layouts_get_a_blockmask_of_their_own_block(block, grid):
+    from longca.kernels.adapters.flex import block_size_for, kernel_options_for
+
+    mask = build_mask("block_sparse", 1024, {"block": block, "density": 0.5}, seed=1, heads_kv=HKV)
+    assert block_size_for(mask) == grid
+    options = kernel_options_for(grid)
+    if grid == 128:
+        assert options is None
+    else:  # every tile divides the BlockMask block, as torch requires
+        assert all(grid % t == 0 and t >= 16 for t in options.values())
+        assert {"fwd_BLOCK_M", "fwd_BLOCK_N", "bwd_BLOCK_M1", "bwd_BLOCK_N1", "bwd_BLOCK_M2", "bwd_BLOCK_N2"} == set(options)
+
+
+def test_variable_blocks_and_static_masks_keep_block_128():
+    from longca.kernels.adapters.flex import block_size_for
+
+    assert block_size_for(build_mask("variable_block_sparse", 1024, {"min_block": 16, "mean_block": 40},
+                                     seed=1, heads_kv=HKV)) == 128
+    assert block_size_for(build_mask("causal", 1024)) == 128
+
+
+def test_block_64_layout_runs_on_full_blocks_only_and_names_its_tiles(flex):
+    mask = build_mask("block_sparse", S, {"block": 64, "density": 0.5}, seed=3, heads_kv=HKV)
+    prepared = flex.prepare(mask, batch=B, heads_q=HQ, heads_kv=HKV, head_dim=D, dtype=DTYPE, device=DEVICE,
+                            form="blockmask")
+    # On the 128 grid most blocks would be partial (mask_mod per element); on its own grid none are.
+    assert prepared.info["block_size"] == 64 and prepared.info["blocks_partial"] == 0
+    assert prepared.info["blocks_full"] == int(mask.blocks.kept.sum()) * (HQ // HKV)
+    assert prepared.info["backend"].startswith("flex blockmask 64 tiles fwd_BLOCK_M=64")
+    q, k, v = inputs()
+    ref = reference_attention(q, k, v, dense_mask_tensor(mask, torch.device("cpu")))
+    out = prepared.call(*(t.to(DEVICE, DTYPE).transpose(1, 2).contiguous() for t in (q, k, v)))
+    assert relative_error(out.transpose(1, 2).cpu(), ref) < TOL_OUT

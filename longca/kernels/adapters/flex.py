@@ -11,6 +11,11 @@ mask_mod reads its intervals from tensors, so masks of one shape share one compi
 compiles, and the cell's first warm-up iteration measures that (compile_s). A warm-up of its own
 here would cost two extra forward + backward calls per cell (minutes per 512K cell).
 
+Block-sparse layouts with uniform blocks that 128 does not divide (block 64, 32, 16) get a BlockMask
+at their own block size, with Triton tiles that divide it (`kernel_options`): on the 128 grid most
+grid blocks of a 64-block layout are partial, so mask_mod ran per element (the H200 sparse sweep:
+Flex block 64 at 116 TFLOP/s median forward against 414 at block 128, before this choice).
+
 Limits: FlexAttention has no backward on CPU (the call raises Unsupported for inputs that need
 grad, so such cells are `unsupported`), and on CPU takes
 float32/float16/bfloat16 only. On sm90 the Triton templates' default tiles cover head dims up to
@@ -67,9 +72,30 @@ def compiled_flex():
     return _compiled
 
 
-def flex_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask) -> torch.Tensor:
+def flex_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask,
+              kernel_options: dict[str, int] | None = None) -> torch.Tensor:
     """q (B, Hq, S, D), k/v (B, Hkv, S, D), BlockMask -> out (B, Hq, S, D)."""
-    return compiled_flex()(q, k, v, block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1])
+    return compiled_flex()(q, k, v, block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1],
+                           kernel_options=kernel_options)
+
+
+def block_size_for(mask: Mask) -> int:
+    """BlockMask block size: 128, or for a uniform block-sparse layout that 128 does not divide the
+    largest of 64, 32, 16 that divides its block (every kept block is then a FULL BlockMask block)."""
+    block = mask.blocks.uniform_block if mask.blocks is not None else None
+    if not block or block % BLOCK_SIZE == 0:
+        return BLOCK_SIZE
+    return next((b for b in (64, 32, 16) if block % b == 0), BLOCK_SIZE)
+
+
+def kernel_options_for(block_size: int) -> dict[str, int] | None:
+    """Triton tiles that divide a BlockMask block smaller than 128 (torch refuses tiles that do not:
+    "Q and KV block size must be divisible by BLOCK_M and BLOCK_N"); None keeps torch's defaults."""
+    if block_size >= BLOCK_SIZE:
+        return None
+    half = max(block_size // 2, 16)
+    return {"fwd_BLOCK_M": block_size, "fwd_BLOCK_N": block_size, "bwd_BLOCK_M1": half, "bwd_BLOCK_N1": block_size,
+            "bwd_BLOCK_M2": block_size, "bwd_BLOCK_N2": half}
 
 
 def _sync(device: torch.device) -> None:
@@ -81,7 +107,7 @@ class FlexAttention:
     name = "flex"
     layout = "bhsd"
     description = ("FlexAttention (torch.compile'd flex_attention) with a BlockMask built from the mask's "
-                   "slices, block size 128")
+                   "slices, block size 128 (a uniform block-sparse layout's own block when 128 does not divide it)")
     caps = Capabilities(
         mask_forms=frozenset({"blockmask"}),
         dtypes=frozenset({"float32", "float16", "bfloat16"}),
@@ -101,13 +127,15 @@ class FlexAttention:
 
         device = torch.device(device)
         t0 = time.perf_counter()
-        block_mask = to_block_mask(mask, block_size=BLOCK_SIZE, device=device,
+        block_size = block_size_for(mask)
+        options = kernel_options_for(block_size)
+        block_mask = to_block_mask(mask, block_size=block_size, device=device,
                                    heads_q=heads_q if mask.per_head else None)
         _sync(device)
         build_s = time.perf_counter() - t0
 
         def call(q, k, v):
-            return flex_call(q, k, v, block_mask)
+            return flex_call(q, k, v, block_mask, options)
 
         if device.type == "cpu":
             def call(q, k, v, _call=call):  # noqa: F811 - the CPU variant refuses a backward up front
@@ -115,8 +143,12 @@ class FlexAttention:
                     raise Unsupported("FlexAttention has no backward on CPU (torch raises NotImplementedError)")
                 return _call(q.detach(), k.detach(), v.detach())  # torch refuses requires_grad inputs
 
+        backend = f"flex blockmask {block_size}"
+        if options:
+            backend += " tiles " + ",".join(f"{k}={v}" for k, v in options.items())
         info = {
-            "block_size": BLOCK_SIZE,
+            "backend": backend,
+            "block_size": block_size,
             "mask_mod_layers": getattr(block_mask.mask_mod, "layers", None),
             "blocks_partial": int(block_mask.kv_num_blocks.sum()),
             "blocks_full": int(block_mask.full_kv_num_blocks.sum()) if block_mask.full_kv_num_blocks is not None else 0,
