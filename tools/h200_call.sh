@@ -164,10 +164,8 @@ import sys, pyarrow as pa, pyarrow.compute as pc, pyarrow.parquet as pq
 new_path, old_path = sys.argv[1:]
 new, old = pq.read_table(new_path), pq.read_table(old_path)
 kept = old.filter(pc.invert(pc.is_in(old["cell_digest"], value_set=new["cell_digest"])))
-if kept.num_rows:  # older rows lack the columns a later schema added: nulls there
-    cols = [kept[f.name].cast(f.type) if f.name in kept.column_names else pa.nulls(kept.num_rows, f.type)
-            for f in new.schema]
-    pq.write_table(pa.concat_tables([new, pa.Table.from_arrays(cols, schema=new.schema)]), new_path)
+if kept.num_rows:  # older rows lack the columns a later schema added: nulls there, as aggregate_arrow does
+    pq.write_table(pa.concat_tables([new, kept], promote_options="permissive"), new_path)
 print(f"{new_path}: kept {kept.num_rows} rows of cells outside the spec from {old_path}")
 PY
   fi
