@@ -37,7 +37,6 @@ class ReferenceCache:
         self._entries: OrderedDict[Hashable, dict[str, torch.Tensor]] = OrderedDict()
         self.bytes = 0
         self.hits = 0
-        self.misses = 0
 
     @staticmethod
     def _size(entry: dict[str, torch.Tensor]) -> int:
@@ -47,7 +46,6 @@ class ReferenceCache:
         """The entry on `device`, or None when absent or when it lacks the gradients asked for."""
         entry = self._entries.get(key)
         if entry is None or (grads and "dq" not in entry):
-            self.misses += 1
             return None
         self._entries.move_to_end(key)
         self.hits += 1
@@ -69,7 +67,3 @@ class ReferenceCache:
 
     def __len__(self) -> int:
         return len(self._entries)
-
-    def clear(self) -> None:
-        self._entries.clear()
-        self.bytes = 0

@@ -161,15 +161,20 @@ def cp_cells(c: pl.DataFrame) -> pl.DataFrame:
     return ok_cells(c).filter((pl.col("world_size") > 1) & pl.col("tflops").is_not_null())
 
 
+def _cell_times(d: pl.DataFrame, **more: pl.Expr) -> pl.DataFrame:
+    """One row per (spec, sweep, cell, machine): summed timed samples and the cell's wall (its rows
+    share one wall clock), plus `more` aggregations."""
+    return (d.group_by("spec", "sweep", "cell_key", "machine")
+            .agg(timed_s=pl.col("samples_ms").list.sum().fill_null(0).sum() / 1000,
+                 wall_s=pl.col("cell_wall_s").max(), **more))
+
+
 def measurement_time(rows: pl.DataFrame) -> pl.DataFrame:
     """Per (spec, sweep): summed timed kernel time (every timed sample of every row) over summed cell
     wall time (once per cell: its rows share one wall clock), over the cells that recorded a wall.
     Process start-up and scheduling between cells are outside every cell's wall, so a sweep's true
     ratio is lower than `timed_share`. `measurement_phases` splits the wall of cells that record phases."""
-    d = derive(rows).filter(pl.col("cell_wall_s").is_not_null())
-    per_cell = (d.group_by("spec", "sweep", "cell_key", "machine")
-                .agg(timed_s=pl.col("samples_ms").list.sum().fill_null(0).sum() / 1000,
-                     wall_s=pl.col("cell_wall_s").max()))
+    per_cell = _cell_times(derive(rows).filter(pl.col("cell_wall_s").is_not_null()))
     return (per_cell.group_by("spec", "sweep")
             .agg(cells=pl.len(), timed_s=pl.col("timed_s").sum(), wall_s=pl.col("wall_s").sum())
             .with_columns(timed_share=pl.col("timed_s") / pl.col("wall_s"))
@@ -194,15 +199,12 @@ def measurement_phases(rows: pl.DataFrame) -> pl.DataFrame:
     n = lambda c: pl.col(c).fill_null(0.0)  # noqa: E731 - a row without a phase spent no time in it
     d = derive(rows).filter(pl.col("cell_wall_s").is_not_null() & (pl.col("schema_version").fill_null(1) >= 2))
     inside = pl.min_horizontal(n("compile_s"), n("warmup_s"))
-    per_cell = (d.group_by("spec", "sweep", "cell_key", "machine")
-                .agg(wall_s=pl.col("cell_wall_s").max(),
-                     check_s=n("check_s").max(),  # the cell's, repeated on each row
-                     timed_s=pl.col("samples_ms").list.sum().fill_null(0).sum() / 1000,
-                     timer_s=n("timer_wall_s").sum(),
-                     warmup_all_s=n("warmup_s").sum(),
-                     compile_s=n("compile_s").sum(),
-                     compile_in_s=inside.sum(),
-                     mask_build_s=n("mask_build_s").sum()))
+    per_cell = _cell_times(d, check_s=n("check_s").max(),  # the cell's, repeated on each row
+                           timer_s=n("timer_wall_s").sum(),
+                           warmup_all_s=n("warmup_s").sum(),
+                           compile_s=n("compile_s").sum(),
+                           compile_in_s=inside.sum(),
+                           mask_build_s=n("mask_build_s").sum())
     per_cell = per_cell.with_columns(
         warmup_s=pl.col("warmup_all_s") - pl.col("compile_in_s"),
         other_timer_s=pl.col("timer_s") - pl.col("warmup_all_s") - pl.col("timed_s"),
