@@ -85,12 +85,21 @@ class Kernel(Protocol):
 
     # Optional: `backward_refusal(device) -> str | None`, why this installation cannot run the
     # backward on `device` (a library refusing a known-bad compiler version), found at run time.
+    # Optional: `grad_changes_form(mask, *, head_dim, dtype, device) -> bool`, whether the kernel
+    # builds another form for forward-only calls than for calls with gradients; such a kernel's
+    # `prepare` takes `grad: bool` and is prepared (and checked) per pass kind (Flex at block 64).
 
 
 def backward_refusal(kernel: Any, device: torch.device) -> str | None:
     """The kernel's run-time reason to refuse its backward on `device`, or None."""
     hook = getattr(kernel, "backward_refusal", None)
     return hook(device) if hook is not None else None
+
+
+def grad_changes_form(kernel: Any, mask: Mask, *, head_dim: int, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether `kernel` prepares `mask` differently for forward-only calls (see the Kernel protocol)."""
+    hook = getattr(kernel, "grad_changes_form", None)
+    return bool(hook(mask, head_dim=head_dim, dtype=dtype, device=device)) if hook is not None else False
 
 
 def package_available(name: str | None) -> bool:

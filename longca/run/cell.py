@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from longca.kernels import registry
-from longca.kernels.base import (DTYPES, Unsupported, backward_refusal, choose_form, package_available,
+from longca.kernels.base import (DTYPES, Unsupported, backward_refusal, choose_form, grad_changes_form, package_available,
                                  static_unsupported_reason)
 from longca.masks.forms import forms_of
 from longca.masks.mask import Mask
@@ -166,17 +166,31 @@ def check_correctness(cell: Cell, device: torch.device) -> dict[str, Any]:
     # One check with gradients serves the fwd, bwd and fwd_bwd cells of the same shape.
     grads = (kernel.caps.backward and (cell.pass_ != "fwd" or device.type == "cuda")
              and backward_refusal(kernel, device) is None)
-    key = (cell.kernel, cell.mask, cell.mask_params, cell.heads_q, cell.heads_kv, cell.head_dim, cell.dtype,
-           cell.batch, check_len, cell.seed, str(device), json.dumps(cell.check_dict, sort_keys=True))
-    if key in _check_cache and (_check_cache[key]["grads"] or not grads):
-        return {**_check_cache[key], "cached": True}
     dtype = DTYPES[cell.dtype]
     ref_dtype = torch.float64 if device.type == "cpu" else torch.float32
-    q, k, v, do = _make_inputs(cell, check_len, "bshd", device, ref_dtype, cell.seed + 1, True)
-    mask, _ = _build(cell, check_len, 0, inputs=(q.detach(), k.detach()))
+
+    def problem():
+        q, k, v, do = _make_inputs(cell, check_len, "bshd", device, ref_dtype, cell.seed + 1, True)
+        return (q, k, v, do), _build(cell, check_len, 0, inputs=(q.detach(), k.detach()))[0]
+
+    built = None
+    split = False
+    if hasattr(kernel, "grad_changes_form"):
+        # A kernel that builds another form for forward-only calls (Flex at block 64 on sm90) is
+        # checked in the form its cell times: forward cells without gradients, the others with.
+        built = problem()
+        split = grad_changes_form(kernel, built[1], head_dim=cell.head_dim, dtype=dtype, device=device)
+        grads = grads and (cell.pass_ != "fwd" or not split)
+    key = (cell.kernel, cell.mask, cell.mask_params, cell.heads_q, cell.heads_kv, cell.head_dim, cell.dtype,
+           cell.batch, check_len, cell.seed, str(device), json.dumps(cell.check_dict, sort_keys=True),
+           cell.pass_ != "fwd" if split else None)
+    if key in _check_cache and (_check_cache[key]["grads"] or not grads):
+        return {**_check_cache[key], "cached": True}
+    (q, k, v, do), mask = built or problem()
     form = choose_form(kernel.caps, forms_of(cell.mask))
     prepared = kernel.prepare(mask, batch=cell.batch, heads_q=cell.heads_q, heads_kv=cell.heads_kv,
-                              head_dim=cell.head_dim, dtype=dtype, device=device, form=form)
+                              head_dim=cell.head_dim, dtype=dtype, device=device, form=form,
+                              **({"grad": cell.pass_ != "fwd"} if split else {}))
     kq, kk, kv, kdo = (_from_bshd(x, prepared.layout).to(dtype).detach() for x in (q, k, v, do))
     for x in (kq, kk, kv):
         x.requires_grad_(grads)
@@ -255,8 +269,10 @@ def _measure_sample(cell: Cell, device: torch.device, sample: int, check: dict[s
                            inputs=(_to_bshd(q, kernel.layout, cell.batch).detach(),
                                    _to_bshd(k, kernel.layout, cell.batch).detach()))
     form = choose_form(kernel.caps, forms_of(cell.mask))
+    # Kernels with a forward-only form get told whether gradients follow (see grad_changes_form).
     prepared = kernel.prepare(mask, batch=cell.batch, heads_q=cell.heads_q, heads_kv=cell.heads_kv,
-                              head_dim=cell.head_dim, dtype=dtype, device=device, form=form)
+                              head_dim=cell.head_dim, dtype=dtype, device=device, form=form,
+                              **({"grad": need_grad} if hasattr(kernel, "grad_changes_form") else {}))
     timer = timer_for(device, bool(rep.get("l2_flush", True)))
     if device.type == "cuda":
         torch.cuda.synchronize(device)

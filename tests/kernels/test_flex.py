@@ -136,9 +136,45 @@ def test_uniform_block_layouts_get_a_blockmask_of_their_own_block(block, grid):
     options = kernel_options_for(grid)
     if grid == 128:
         assert options is None
-    else:  # every tile divides the BlockMask block, as torch requires
-        assert all(grid % t == 0 and t >= 16 for t in options.values())
-        assert {"fwd_BLOCK_M", "fwd_BLOCK_N", "bwd_BLOCK_M1", "bwd_BLOCK_N1", "bwd_BLOCK_M2", "bwd_BLOCK_N2"} == set(options)
+    else:  # every forward tile divides the BlockMask block, as torch requires; the backward keeps its defaults
+        assert options == {"fwd_BLOCK_M": grid, "fwd_BLOCK_N": grid}
+
+
+def _as_sm90(monkeypatch):
+    """torch's Flex config table as it reads on an H100/H200 (it asks the current device's capability)."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: (9, 0))
+
+
+def test_torch_sm90_backward_defaults_need_block_128_at_head_dim_128(monkeypatch):
+    # The H200's NoValidChoicesError (sparse_long, call 25): torch keeps a backward config only if its
+    # default tiles divide the BlockMask block, and on sm90 at D=128 the one default is 128-wide.
+    from longca.kernels.adapters.flex import backward_runs_at, backward_tile_configs
+
+    _as_sm90(monkeypatch)
+    cuda = torch.device("cuda")
+    assert backward_tile_configs(128, torch.bfloat16) == [(64, 128, 128, 64)]
+    assert backward_runs_at(128, 128, torch.bfloat16, cuda)
+    assert not backward_runs_at(64, 128, torch.bfloat16, cuda)
+    assert backward_runs_at(64, 32, torch.bfloat16, cuda)  # below head dim 64 the default tiles are 64
+    assert backward_runs_at(64, 128, torch.bfloat16, torch.device("cpu"))  # no Flex backward on CPU to refuse
+
+
+def test_backward_cells_get_the_128_grid_where_torch_has_no_backward_config(monkeypatch):
+    from longca.kernels.adapters.flex import block_size_for
+
+    _as_sm90(monkeypatch)
+    mask = build_mask("block_sparse", 1024, {"block": 64, "density": 0.5}, seed=1, heads_kv=HKV)
+    flex = registry.get("flex")
+    for head_dim, grad_grid in ((128, 128), (32, 64)):
+        assert block_size_for(mask, False, head_dim, torch.bfloat16, "cuda") == 64
+        assert block_size_for(mask, True, head_dim, torch.bfloat16, "cuda") == grad_grid
+        assert flex.grad_changes_form(mask, head_dim=head_dim, dtype=torch.bfloat16,
+                                      device=torch.device("cuda")) is (grad_grid != 64)
+    # Block 128 layouts and CPU runs never split.
+    assert not flex.grad_changes_form(build_mask("block_sparse", 1024, {"block": 128, "density": 0.5}, seed=1,
+                                                 heads_kv=HKV), head_dim=128, dtype=torch.bfloat16,
+                                      device=torch.device("cuda"))
+    assert not flex.grad_changes_form(mask, head_dim=128, dtype=torch.bfloat16, device=torch.device("cpu"))
 
 
 def test_variable_blocks_and_static_masks_keep_block_128():

@@ -180,3 +180,31 @@ def test_a_reference_is_not_shared_across_masks_or_shapes(monkeypatch):
         check = cell_mod.check_correctness(c, cell_mod.torch.device("cpu"))
         assert check["rel_err_out"] < 1e-5 and check["rel_err_dq"] < 1e-5
     assert cell_mod._reference_cache.hits == 0 and len(cell_mod._reference_cache) == 3
+
+
+def test_a_kernel_with_a_forward_only_form_is_prepared_and_checked_per_pass(monkeypatch):
+    # Flex at block 64 on sm90 builds a forward-only BlockMask: the forward cell must be timed and
+    # checked in that form, the backward cell in the form with gradients; one check cannot serve both.
+    from longca.kernels import registry
+    from longca.run import cell as cell_mod
+
+    sdpa = registry.get("sdpa_math")
+    grads_asked = []
+    real_prepare = sdpa.prepare
+
+    def prepare(mask, *, grad=True, **kwargs):
+        grads_asked.append(grad)
+        return real_prepare(mask, **kwargs)
+
+    monkeypatch.setattr(sdpa, "grad_changes_form", lambda mask, **kw: True, raising=False)
+    monkeypatch.setattr(sdpa, "prepare", prepare)
+    monkeypatch.setattr(cell_mod, "_check_cache", {})
+    bwd, fwd = expand(spec("[sdpa_math]", masks="[causal]", passes="[bwd, fwd]"))
+    (b,) = run_cell(bwd)
+    (f,) = run_cell(fwd)
+    assert b["status"] == f["status"] == "ok"
+    assert b["check_s"] > 0 and f["check_s"] > 0  # the forward cell was checked in its own form
+    assert f.get("rel_err_dq") is None and b["rel_err_dq"] < 1e-5
+    # check and timed samples of the backward cell with gradients, then those of the forward cell without
+    assert grads_asked[0] is True and grads_asked[-1] is False
+    assert set(grads_asked[:len(grads_asked) // 2]) == {True} and set(grads_asked[len(grads_asked) // 2:]) == {False}

@@ -14,7 +14,10 @@ here would cost two extra forward + backward calls per cell (minutes per 512K ce
 Block-sparse layouts with uniform blocks that 128 does not divide (block 64, 32, 16) get a BlockMask
 at their own block size, with Triton tiles that divide it (`kernel_options`): on the 128 grid most
 grid blocks of a 64-block layout are partial, so mask_mod ran per element (the H200 sparse sweep:
-Flex block 64 at 116 TFLOP/s median forward against 414 at block 128, before this choice).
+Flex block 64 at 116 TFLOP/s median forward against 414 at block 128, before this choice). The
+backward cannot follow on sm90 at head dims 64-128: torch's Flex backward only considers configs whose
+default tiles (64, 128, 128, 64) divide the block, so a cell with gradients gets the 128 grid, and a
+forward-only cell its own block (`grad` in prepare, `grad_changes_form` for the check).
 
 Limits: FlexAttention has no backward on CPU (the call raises Unsupported for inputs that need
 grad, so such cells are `unsupported`), and on CPU takes
@@ -25,6 +28,7 @@ notes/kernels.md for what the H200 run showed).
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -79,23 +83,58 @@ def flex_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask,
                            kernel_options=kernel_options)
 
 
-def block_size_for(mask: Mask) -> int:
+def block_size_for(mask: Mask, grad: bool = False, head_dim: int = 128, dtype: torch.dtype = torch.bfloat16,
+                   device: torch.device | str = "cpu") -> int:
     """BlockMask block size: 128, or for a uniform block-sparse layout that 128 does not divide the
-    largest of 64, 32, 16 that divides its block (every kept block is then a FULL BlockMask block)."""
+    largest of 64, 32, 16 that divides its block (every kept block is then a FULL BlockMask block).
+    With `grad`, a block torch's Flex backward cannot run at (`backward_runs_at`) falls back to 128."""
     block = mask.blocks.uniform_block if mask.blocks is not None else None
     if not block or block % BLOCK_SIZE == 0:
         return BLOCK_SIZE
-    return next((b for b in (64, 32, 16) if block % b == 0), BLOCK_SIZE)
+    own = next((b for b in (64, 32, 16) if block % b == 0), BLOCK_SIZE)
+    if grad and own != BLOCK_SIZE and not backward_runs_at(own, head_dim, dtype, torch.device(device)):
+        return BLOCK_SIZE
+    return own
+
+
+def backward_tile_configs(head_dim: int, dtype: torch.dtype) -> list[tuple[int, int, int, int]]:
+    """(BLOCK_M1, BLOCK_N1, BLOCK_M2, BLOCK_N2) of every backward config Inductor considers on the
+    current CUDA device, read from torch's own table (one default unless max_autotune is on)."""
+    try:
+        from torch._inductor.template_heuristics.triton import CUDAConfigHeuristic
+    except ImportError:  # older layout of the same module
+        from torch._inductor.template_heuristics import CUDAConfigHeuristic
+    return [(c.block_m1, c.block_n1, c.block_m2, c.block_n2)
+            for c in CUDAConfigHeuristic().get_flex_attn_bwd_configs(head_dim, dtype)]
+
+
+def backward_runs_at(block_size: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether torch's compiled Flex backward has a config for a BlockMask of `block_size` on `device`.
+
+    Inductor keeps a backward config only when its *default* tiles divide the BlockMask block, before
+    any `bwd_BLOCK_*` kernel option applies (torch/_inductor/kernel/flex/flex_attention.py); on sm90 at
+    head dims 64-128 the one default is (64, 128, 128, 64), so a 64-block BlockMask has none and the
+    compile fails with NoValidChoicesError (the H200's sparse_long call 25). On CPU Flex has no
+    backward at all (the adapter refuses it separately), so any block passes here. If torch's table
+    cannot be read, only 128 is trusted.
+    """
+    if device.type != "cuda":
+        return True
+    try:
+        configs = backward_tile_configs(head_dim, dtype)
+    except Exception:  # noqa: BLE001 - an unreadable table: the 128 grid is the form known to run
+        return block_size % BLOCK_SIZE == 0
+    return any(block_size % math.lcm(*tiles) == 0 for tiles in configs)
 
 
 def kernel_options_for(block_size: int) -> dict[str, int] | None:
-    """Triton tiles that divide a BlockMask block smaller than 128 (torch refuses tiles that do not:
-    "Q and KV block size must be divisible by BLOCK_M and BLOCK_N"); None keeps torch's defaults."""
+    """Forward Triton tiles that divide a BlockMask block smaller than 128 (torch refuses tiles that
+    do not: "Q and KV block size must be divisible by BLOCK_M and BLOCK_N"); None keeps torch's
+    defaults. The backward keeps its defaults: Inductor picks only configs whose default tiles divide
+    the block (`backward_runs_at`), and `block_size_for` gives a backward no other block."""
     if block_size >= BLOCK_SIZE:
         return None
-    half = max(block_size // 2, 16)
-    return {"fwd_BLOCK_M": block_size, "fwd_BLOCK_N": block_size, "bwd_BLOCK_M1": half, "bwd_BLOCK_N1": block_size,
-            "bwd_BLOCK_M2": block_size, "bwd_BLOCK_N2": half}
+    return {"fwd_BLOCK_M": block_size, "fwd_BLOCK_N": block_size}
 
 
 def _sync(device: torch.device) -> None:
@@ -117,8 +156,14 @@ class FlexAttention:
         backward=True,  # CUDA only: on CPU the call raises Unsupported for inputs that need grad
     )
 
+    def grad_changes_form(self, mask: Mask, *, head_dim: int, dtype: torch.dtype, device: torch.device) -> bool:
+        """Whether a forward-only call gets another BlockMask than one with gradients (see base.py)."""
+        device = torch.device(device)
+        return (block_size_for(mask, False, head_dim, dtype, device)
+                != block_size_for(mask, True, head_dim, dtype, device))
+
     def prepare(self, mask: Mask, *, batch: int, heads_q: int, heads_kv: int, head_dim: int,
-                dtype: torch.dtype, device: torch.device, form: str) -> Prepared:
+                dtype: torch.dtype, device: torch.device, form: str, grad: bool = True) -> Prepared:
         if form != "blockmask":
             raise Unsupported(f"flex takes the blockmask form, not {form!r}")
         if mask.per_head and heads_kv != mask.heads:
@@ -127,14 +172,18 @@ class FlexAttention:
 
         device = torch.device(device)
         t0 = time.perf_counter()
-        block_size = block_size_for(mask)
+        block_size = block_size_for(mask, grad, head_dim, dtype, device)
         options = kernel_options_for(block_size)
+        forward_only = not grad and not backward_runs_at(block_size, head_dim, dtype, device)
         block_mask = to_block_mask(mask, block_size=block_size, device=device,
                                    heads_q=heads_q if mask.per_head else None)
         _sync(device)
         build_s = time.perf_counter() - t0
 
         def call(q, k, v):
+            if forward_only and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+                raise Unsupported(f"this BlockMask (block {block_size}) was built for the forward only: torch's "
+                                  f"Flex backward has no config for it on this GPU (prepare with grad=True)")
             return flex_call(q, k, v, block_mask, options)
 
         if device.type == "cpu":
@@ -149,6 +198,7 @@ class FlexAttention:
         info = {
             "backend": backend,
             "block_size": block_size,
+            "forward_only": forward_only,
             "mask_mod_layers": getattr(block_mask.mask_mod, "layers", None),
             "blocks_partial": int(block_mask.kv_num_blocks.sum()),
             "blocks_full": int(block_mask.full_kv_num_blocks.sum()) if block_mask.full_kv_num_blocks is not None else 0,
