@@ -131,6 +131,31 @@ def test_ordered_indices_list_true_columns_first_for_any_grid():
             assert (idx[h, r, :num[h, r]] == np.nonzero(grid[h, r])[0]).all()
 
 
+@pytest.mark.parametrize("sort", [False, True])
+def test_index_tensors_repeat_kv_heads_per_query_head_in_either_ordering(sort):
+    # sort=True is the GPU's path (a stable sort per head), sort=False the CPU's _ordered: both list
+    # a row's True columns first, ascending, and repeat KV head h as query heads h*g .. h*g+g-1.
+    rng = np.random.default_rng(1)
+    grid = rng.random((3, 7, 11)) < 0.4
+    num, idx = flex._index_tensors(grid, 2, "cpu", sort=sort)
+    assert num.shape == (1, 6, 7) and idx.shape == (1, 6, 7, 11)
+    assert num.dtype == idx.dtype == torch.int32
+    for hq, r in np.ndindex(6, 7):
+        want = np.nonzero(grid[hq // 2, r])[0]
+        assert num[0, hq, r] == len(want)
+        assert (idx[0, hq, r, :len(want)].numpy() == want).all()
+
+
+def test_a_layout_on_its_own_grid_is_full_where_kept_as_the_counting_path_says(monkeypatch):
+    m = build_mask("block_sparse", 300, {"block": 32, "density": 0.5}, seed=2, heads_kv=2)  # ragged last block
+    counts = flex.layout_block_counts(m.blocks, 32, 32)
+    with monkeypatch.context() as patch:  # the own grid takes the shortcut, without counting
+        patch.setattr(flex, "layout_block_counts", None)
+        fast = flex.layout_block_states(m.blocks, 32, 32)
+    assert (fast == np.where(counts > 0, flex.FULL, flex.EMPTY)).all()
+    assert set(np.unique(flex.layout_block_states(m.blocks, 64, 64))) >= {flex.PARTIAL}  # another grid counts
+
+
 def test_rectangular_sub_masks_as_context_parallelism_uses_them():
     from longca.masks import slices as sl
     from longca.masks.mask import Mask
