@@ -125,6 +125,20 @@ def _family_pages(c: pl.DataFrame, peer: pl.DataFrame) -> list[Page]:
     sp = peers.for_sparse(peer) if on_gpu else peer.clear()
     p_sparse.chart(charts.sparse_chart(sparse, sp, "density"), "No ok block-sparse cells.")
     p_sparse.chart(charts.sparse_chart(sparse, sp, "block_size"), "No ok block-sparse cells.")
+    p_sparse.chart(charts.sparse_chart(sparse, sp, "seqlen_q"), "No ok block-sparse cells.")
+    vs = queries.sparse_vs_dense(c)
+    if vs.height:
+        p_sparse.p(f"Each block-sparse cell against dense {queries.DENSE_REFERENCE_KERNEL} on the full mask at the "
+                   "same length, heads, head dim, dtype and pass on the same GPU model (measured in another cell, "
+                   "usually another process). ratio = sparse TFLOP/s (exact kept area) / dense TFLOP/s: the share "
+                   "of the dense rate kept; speedup = dense time / sparse time, at most 1 / density for a kernel "
+                   "that keeps the dense rate.")
+        p_sparse.table(_table(vs.with_columns(heads=pl.format("{}:{}", "heads_q", "heads_kv"),
+                                              density=pl.col("density").round(3)),
+                              ["kernel", "mask", "block_size", "density", "heads", "seqlen_q", "pass", "tflops",
+                               "dense_tflops", "ratio", "speedup", "backend", "device_name"],
+                              numeric=["block_size", "density", "seqlen_q", "tflops", "dense_tflops", "ratio",
+                                       "speedup"]))
     p_cp = Page("cp.html", "CP", "Context parallelism")
     cpp = peers.for_cp(peer) if cp.filter(pl.col("device") == "cuda").height else peer.clear()
     for kind, missing in (("world", "No ok multi-GPU cells."), ("length", "No ok multi-GPU cells."),

@@ -232,7 +232,8 @@ def support_chart(matrix: pl.DataFrame) -> ChartSpec | None:
 
 
 def sparse_chart(cells: pl.DataFrame, peers: pl.DataFrame, x: str) -> ChartSpec | None:
-    """Block-sparse throughput against density (panels: block size) or block size (panels: density)."""
+    """Block-sparse throughput against density (panels: block size), block size (panels: density) or
+    sequence length (panels: block size; one line per kernel and density)."""
     if cells.is_empty():
         return None
     df = cells.with_columns(
@@ -243,12 +244,17 @@ def sparse_chart(cells: pl.DataFrame, peers: pl.DataFrame, x: str) -> ChartSpec 
         sparse_kind=pl.when(pl.col("mask") == "variable_block_sparse").then(pl.lit(" variable")).otherwise(pl.lit("")),
     ).with_columns(kernel_label=pl.concat_str([pl.col("kernel"), pl.col("sparse_kind"), pl.lit(" · "),
                                                pl.col("score_source").fill_null("?")]))
-    panel = "block_label" if x == "density" else "density_label"
+    panel = "density_label" if x == "block_size" else "block_label"
     df = _series(df, "kernel_label", ["pass", panel]).sort("series", x)
-    xe = (alt.X("density:Q", title="density (fraction of blocks kept)") if x == "density" else
-          alt.X("block_size:Q", title="block size", scale=alt.Scale(type="log", base=2)))
-    layers = [("measured", df, _lines(xe, alt.Y("tflops:Q", title="TFLOP/s (exact kept area)"), dash="seqlen_q"))]
-    if not peers.is_empty():
+    if x == "seqlen_q":
+        xe = _length_x(df)
+    elif x == "density":
+        xe = alt.X("density:Q", title="density (fraction of blocks kept)")
+    else:
+        xe = alt.X("block_size:Q", title="block size", scale=alt.Scale(type="log", base=2))
+    dash = "density_label" if x == "seqlen_q" else "seqlen_q"
+    layers = [("measured", df, _lines(xe, alt.Y("tflops:Q", title="TFLOP/s (exact kept area)"), dash=dash))]
+    if not peers.is_empty() and x != "seqlen_q":  # published sparse figures are at one length each
         p = peers.with_columns(block_label=pl.format("block {}", pl.col("block_size")))
         if x == "density":
             p = p.filter(pl.col("density_lo").is_not_null()).with_columns(x_lo=pl.col("density_lo"),
@@ -263,11 +269,12 @@ def sparse_chart(cells: pl.DataFrame, peers: pl.DataFrame, x: str) -> ChartSpec 
             p = p.drop("density_label").join(df.select("pass", "density_label").unique(), on="pass")
         layers += _peer_layers(p, xe.to_dict().get("title", x))
     chart, values = _layered_facet(layers, row="pass", column=panel)
-    return ChartSpec(id=f"sparse-{x.replace('_', '-')}", title=f"Block-sparse throughput against {x.replace('_', ' ')}",
+    name = {"seqlen_q": "sequence length"}.get(x, x.replace("_", " "))
+    return ChartSpec(id=f"sparse-{x.replace('_', '-')}", title=f"Block-sparse throughput against {name}",
                      chart=chart, values=values, data=df, machines=queries.machines(df),
                      query="status ok, world_size 1, masks block_sparse and variable_block_sparse",
-                     caption="Dashed lines distinguish sequence lengths; the legend names kernel, mask kind and "
-                             "block score source (random or importance).")
+                     caption=f"Dashed lines distinguish {'densities' if x == 'seqlen_q' else 'sequence lengths'}; "
+                             "the legend names kernel, mask kind and block score source (random or importance).")
 
 
 def cp_chart(cells: pl.DataFrame, peers: pl.DataFrame, kind: str) -> ChartSpec | None:

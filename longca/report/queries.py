@@ -239,6 +239,27 @@ def cp_vs_single(c: pl.DataFrame) -> pl.DataFrame:
             .sort("mask", "heads_kv", "tokens_per_gpu", "pass", "world_size", "cp_mechanism", "cp_balance"))
 
 
+DENSE_REFERENCE_KERNEL = "sdpa_cudnn"
+
+
+def sparse_vs_dense(c: pl.DataFrame, dense_kernel: str = DENSE_REFERENCE_KERNEL) -> pl.DataFrame:
+    """Each ok single-GPU block-sparse cell against `dense_kernel` on the full mask at the same
+    length, heads, head dim, dtype, pass and GPU model (its median over sweeps and machines).
+
+    `ratio` = sparse TFLOP/s (exact kept area) / dense TFLOP/s: how much of the dense kernel's rate
+    the sparse kernel keeps (issue 6's goal reads it at block 128, density 0.5, 64K). `speedup` =
+    dense time / sparse time: what skipping blocks buys (at most 1 / density for a kernel that
+    keeps the dense rate). Sparse cells without a dense match are left out."""
+    keys = ["seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim", "dtype", "pass", "device_name"]
+    dense = (ok_cells(c).filter((pl.col("world_size") == 1) & (pl.col("kernel") == dense_kernel)
+                                & (pl.col("mask") == "full") & pl.col("tflops").is_not_null())
+             .group_by(keys).agg(dense_tflops=pl.col("tflops").median(), dense_ms=pl.col("median_ms").median()))
+    return (sparse_cells(c).join(dense, on=keys, how="inner", nulls_equal=True)
+            .with_columns(ratio=pl.col("tflops") / pl.col("dense_tflops"),
+                          speedup=pl.col("dense_ms") / pl.col("median_ms"))
+            .sort("kernel", "mask", "block_size", "density", "heads_kv", "seqlen_q", "pass", nulls_last=True))
+
+
 def linear_vs_softmax(c: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Tokens/s of each linear kernel and of the best softmax kernel on the same mask, pass and shape.
 

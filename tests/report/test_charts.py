@@ -25,7 +25,7 @@ def _all_charts(c: pl.DataFrame) -> list[charts.ChartSpec]:
     ok = queries.mask_cells(c)
     out += [charts.mask_metric("causal", ok, m, peers.for_masks(peer)) for m in ("tflops", "peak_mem_gib")]
     sp = queries.sparse_cells(c)
-    out += [charts.sparse_chart(sp, peers.for_sparse(peer), x) for x in ("density", "block_size")]
+    out += [charts.sparse_chart(sp, peers.for_sparse(peer), x) for x in ("density", "block_size", "seqlen_q")]
     out += [charts.cp_chart(queries.cp_cells(c), peers.for_cp(peer), k) for k in ("world", "length", "comm", "imbalance")]
     out += [charts.linear_chart(*queries.linear_vs_softmax(c))]
     return [ch for ch in out if ch is not None]
@@ -33,7 +33,7 @@ def _all_charts(c: pl.DataFrame) -> list[charts.ChartSpec]:
 
 def test_every_chart_is_valid_vega_lite(cells: pl.DataFrame) -> None:
     specs = _all_charts(cells)
-    assert len(specs) == 12
+    assert len(specs) == 13
     schema = load_schema()
     for ch in specs:
         spec = ch.spec()
@@ -90,6 +90,16 @@ def test_variable_blocks_get_their_own_named_panel(cells: pl.DataFrame) -> None:
     spec = charts.sparse_chart(sp, peers.for_sparse(peers.load()), "density").spec()
     labels = {v.get("block_label") for v in _layer(spec, "measured")}
     assert "variable blocks" in labels and all(label and "null" not in label for label in labels)
+
+
+def test_sparse_length_chart_has_a_line_per_density_and_no_published_boxes(cells: pl.DataFrame) -> None:
+    # Published sparse figures are at one length each: over a length axis they would be misplaced.
+    sp = queries.sparse_cells(cells)
+    spec = charts.sparse_chart(sp, peers.for_sparse(peers.load()), "seqlen_q").spec()
+    measured = _layer(spec, "measured")
+    assert len(measured) == sp.height and not _layer(spec, "peer_range") and not _layer(spec, "peer_point")
+    assert {v["density_label"] for v in measured} == {f"density {round(d, 2)}" for d in sp.get_column("density")}
+    assert "strokeDash" in str(spec) and "density_label" in str(spec)
 
 
 def test_length_ticks_are_the_measured_lengths(cells: pl.DataFrame) -> None:

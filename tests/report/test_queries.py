@@ -129,6 +129,27 @@ def test_cp_vs_single_matches_the_per_rank_work() -> None:
     assert vs.item(0, "ratio") == pytest.approx(0.9)
 
 
+def test_sparse_vs_dense_reads_the_dense_full_mask_cell_of_the_same_shape() -> None:
+    sparse = dict(mask="block_sparse", block_size=128, density=0.5, mask_variant="b128-d0.5")
+    rows = [_row("sdpa_cudnn", "full", 65536, tflops=600.0, median_ms=10.0, cell_id="dense64"),
+            _row("sdpa_cudnn", "full", 65536, tflops=500.0, median_ms=12.0, heads_kv=2, cell_id="dense64-gqa"),
+            _row("sdpa_cudnn", "causal", 65536, tflops=580.0, median_ms=5.2, cell_id="causal64"),  # not the reference
+            _row("fa4", "full", 65536, tflops=650.0, median_ms=9.2, cell_id="fa4-64"),  # another dense kernel
+            _row("triton_block_sparse", s=65536, tflops=540.0, median_ms=5.5, cell_id="t64", **sparse),
+            _row("triton_block_sparse", s=65536, tflops=450.0, median_ms=6.6, heads_kv=2, cell_id="t64-gqa", **sparse),
+            _row("triton_block_sparse", s=131072, tflops=520.0, median_ms=23.0, cell_id="t128", **sparse),  # no dense
+            _row("flex", s=65536, tflops=300.0, median_ms=9.9, pass_="bwd", cell_id="f64-bwd", **sparse)]
+    for r in rows:
+        if "pass_" in r:
+            r["pass"] = r.pop("pass_")
+    vs = queries.sparse_vs_dense(_cells(rows))
+    # GQA (fewer KV heads) sorts first; the flex backward and the 128K cell have no dense match
+    assert vs.get_column("cell_id").to_list() == ["t64-gqa", "t64"]
+    assert vs.get_column("dense_tflops").to_list() == pytest.approx([500.0, 600.0])
+    assert vs.get_column("ratio").to_list() == pytest.approx([0.9, 0.9])
+    assert vs.get_column("speedup").to_list() == pytest.approx([12.0 / 6.6, 10.0 / 5.5])
+
+
 def test_measurement_time_counts_each_cells_wall_once() -> None:
     rows = [_row(cell_id="a", spec="s", sweep="w", samples_ms=[100.0, 100.0], cell_wall_s=1.0, mask_sample=0),
             _row(cell_id="a", spec="s", sweep="w", samples_ms=[200.0], cell_wall_s=1.0, mask_sample=1),
