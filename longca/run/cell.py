@@ -137,14 +137,36 @@ def _to_bshd(x: torch.Tensor, layout: str, batch: int) -> torch.Tensor:
     return x
 
 
-def _build(cell: Cell, seqlen: int, sample: int, inputs=None) -> tuple[Mask, float]:
+# The last masks built in this process, for the next cell of the same problem (a sweep runs a
+# problem's fwd and bwd cells one after the other): a 512K block-64 layout takes ~20 s to draw.
+# Masks drawn from the cell's inputs (importance scores) are not kept.
+_MASKS_KEPT = 2
+_mask_cache: dict[tuple, Mask] = {}
+
+
+def _build(cell: Cell, seqlen: int, sample: int, inputs=None, keep: bool = False) -> tuple[Mask, float]:
+    """The cell's mask at `seqlen` and its build time. With `keep` (the timed samples; checks are at
+    most check.max_seqlen long, where drawing is cheap) an earlier sample's identical mask is reused,
+    with build time 0.0."""
     t0 = time.perf_counter()
     params = dict(cell.mask_params)
     pattern = PATTERNS[cell.mask]
     # Block-sparse layouts are per KV head; importance scores come from the cell's own inputs.
     wants_inputs = pattern.needs_inputs_for(params) if hasattr(pattern, "needs_inputs_for") else pattern.needs_inputs
+    key = None if wants_inputs or not keep else (cell.mask, cell.mask_params, seqlen, cell.seed, sample, cell.heads_kv)
+    try:
+        hash(key)
+    except TypeError:  # a parameter given as a list: not worth a canonical form here
+        key = None
+    if key is not None and key in _mask_cache:
+        _mask_cache[key] = _mask_cache.pop(key)  # most recently used last
+        return _mask_cache[key], 0.0
     mask = build_mask(cell.mask, seqlen, params, seed=cell.seed, sample=sample, heads_kv=cell.heads_kv,
                       inputs=inputs if wants_inputs else None)
+    if key is not None:
+        while len(_mask_cache) >= _MASKS_KEPT:
+            _mask_cache.pop(next(iter(_mask_cache)))
+        _mask_cache[key] = mask
     return mask, time.perf_counter() - t0
 
 
@@ -267,7 +289,7 @@ def _measure_sample(cell: Cell, device: torch.device, sample: int, check: dict[s
     q, k, v, do = _make_inputs(cell, cell.seqlen, kernel.layout, device, dtype, cell.seed + 1000 + sample, need_grad)
     mask, build_s = _build(cell, cell.seqlen, sample,
                            inputs=(_to_bshd(q, kernel.layout, cell.batch).detach(),
-                                   _to_bshd(k, kernel.layout, cell.batch).detach()))
+                                   _to_bshd(k, kernel.layout, cell.batch).detach()), keep=True)
     form = choose_form(kernel.caps, forms_of(cell.mask))
     # Kernels with a forward-only form get told whether gradients follow (see grad_changes_form).
     prepared = kernel.prepare(mask, batch=cell.batch, heads_q=cell.heads_q, heads_kv=cell.heads_kv,

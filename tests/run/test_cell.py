@@ -208,3 +208,43 @@ def test_a_kernel_with_a_forward_only_form_is_prepared_and_checked_per_pass(monk
     # check and timed samples of the backward cell with gradients, then those of the forward cell without
     assert grads_asked[0] is True and grads_asked[-1] is False
     assert set(grads_asked[:len(grads_asked) // 2]) == {True} and set(grads_asked[len(grads_asked) // 2:]) == {False}
+
+
+def test_the_next_cell_of_the_same_problem_reuses_its_mask(monkeypatch):
+    # fwd and bwd cells of one problem run one after the other: the second does not draw the mask
+    # again (a 512K block-64 layout takes ~20 s), and records no build time for it.
+    from longca.run import cell as cell_mod
+
+    built = []
+    real = cell_mod.build_mask
+
+    def counting(*args, **kwargs):
+        built.append(args[1])  # the length
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cell_mod, "build_mask", counting)
+    monkeypatch.setattr(cell_mod, "_mask_cache", {})
+    monkeypatch.setattr(cell_mod, "_check_cache", {})
+    masks = "[{name: block_sparse, block: 32, density: 0.5}]"
+    bwd, fwd = expand(spec("[naive]", masks=masks, passes="[bwd, fwd]"))
+    (b,) = run_cell(bwd)
+    (f,) = run_cell(fwd)
+    assert b["status"] == f["status"] == "ok"
+    # the check (its own draw, kept apart) and the backward cell draw; the forward cell reuses
+    assert built == [192, 192]
+    assert b["mask_build_s"] > 0 and f["mask_build_s"] == 0.0
+    assert f["mask_area"] == b["mask_area"] and f["density"] == b["density"]
+    # another seed is another mask
+    (other,) = run_cell(expand(spec("[naive]", masks=masks, passes="[fwd]", extra="seed: 5"))[0])
+    assert len(built) == 4 and other["mask_build_s"] > 0
+
+
+def test_masks_drawn_from_the_inputs_are_not_kept(monkeypatch):
+    from longca.run import cell as cell_mod
+
+    monkeypatch.setattr(cell_mod, "_mask_cache", {})
+    masks = "[{name: block_sparse, block: 32, density: 0.5, score: importance}]"
+    for c in expand(spec("[naive]", masks=masks, passes="[bwd, fwd]")):
+        (row,) = run_cell(c)
+        assert row["status"] == "ok" and row["mask_build_s"] > 0
+    assert cell_mod._mask_cache == {}
