@@ -24,6 +24,10 @@
 #     baselines         the dense_baselines sweep, sharded over the GPUs (no FA4 needed)
 #     long_rest         the long sweep's other kernels, FA4 first, then cuDNN, then the rest,
 #                       sharded over the GPUs (FA4 needed)
+#     dense_probe       where a dense cell's wall time goes (schema-2 phase columns): the dense
+#                       sweep's cuDNN cells at PROBE_SEQLEN (default 32K) measured again into a
+#                       scratch results folder, returned as OUTDIR/dense-probe.parquet (the
+#                       committed rows stay as they are)
 set -u
 out=${1:?outdir}; stage=${2:?stage}; limit=${3:-480}
 start=$SECONDS
@@ -143,6 +147,13 @@ case "$1" in
   sparse_goal)  # the block-sparse goal shape (64K, block 128, density 0.5) against dense cuDNN, default tiles
     CUDA_VISIBLE_DEVICES=0 timeout "$(capped 120)" python3 benchmarks/sparse_triton.py "$logs/sparse_goal" \
       --budget-s 60 --no-check --no-tune --tune-only > "$logs/sparse_goal.log" 2>&1 ;;
+  dense_probe)
+    rm -rf /tmp/probe-results
+    CUDA_VISIBLE_DEVICES=0 timeout -k 10 -s TERM "$(capped 420)" python3 -m longca.cli run --spec specs/h200.yaml \
+      --sweep dense --only kernel=sdpa_cudnn --only "seqlen=${PROBE_SEQLEN:-32K}" --results /tmp/probe-results \
+      > "$logs/dense_probe.log" 2>&1
+    python3 -m longca.cli aggregate --spec specs/h200.yaml --results /tmp/probe-results --present-only \
+      --out "$out/dense-probe.parquet" >> "$logs/dense_probe.log" 2>&1 ;;
   fidelity)
     CUDA_VISIBLE_DEVICES=0 timeout "$(capped 240)" python3 benchmarks/timer_fidelity.py "$logs/fidelity.json" --rounds "${FIDELITY_ROUNDS:-3}" > "$logs/fidelity.log" 2>&1 ;;
   checks)
