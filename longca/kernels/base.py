@@ -49,6 +49,9 @@ class Capabilities:
     package: str | None = None  # import name that must be importable
     family: str = "softmax"  # softmax | linear (FLOP model differs)
     masks: frozenset[str] | None = None  # restrict to named masks (None: by form)
+    # Block-sparse kernels with fixed tiles: the uniform block sizes taken (None: any layout,
+    # variable blocks included)
+    block_sizes: frozenset[int] | None = None
 
     def __post_init__(self) -> None:
         unknown = set(self.mask_forms) - set(MASK_FORMS)
@@ -125,8 +128,10 @@ class Unsupported(Exception):
 
 
 def static_unsupported_reason(caps: Capabilities, *, mask_name: str, mask_forms: frozenset[str], dtype: str,
-                              head_dim: int, heads_q: int, heads_kv: int, pass_: str, device: str) -> str | None:
-    """Why a kernel cannot run a cell, from declared capabilities alone (planning time), or None."""
+                              head_dim: int, heads_q: int, heads_kv: int, pass_: str, device: str,
+                              block_size: int | None = None) -> str | None:
+    """Why a kernel cannot run a cell, from declared capabilities alone (planning time), or None.
+    `block_size`: a block-sparse mask's uniform block (None for variable blocks and other masks)."""
     if device not in caps.devices:
         return f"kernel runs on {sorted(caps.devices)}, not {device}"
     if caps.masks is not None and mask_name not in caps.masks:
@@ -141,6 +146,9 @@ def static_unsupported_reason(caps: Capabilities, *, mask_name: str, mask_forms:
         return "GQA (heads_q != heads_kv) not supported"
     if pass_ != "fwd" and not caps.backward:
         return "no backward pass"
+    if caps.block_sizes is not None and "block_sparse" in mask_forms and block_size not in caps.block_sizes:
+        shown = f"block size {block_size}" if block_size else "variable blocks"
+        return f"{shown} not supported (uniform blocks of {sorted(caps.block_sizes)} only)"
     return None
 
 

@@ -21,7 +21,7 @@ from longca.kernels.base import (DTYPES, Unsupported, backward_refusal, choose_f
                                  static_unsupported_reason)
 from longca.masks.forms import forms_of
 from longca.masks.mask import Mask
-from longca.masks.registry import PATTERNS, build_mask
+from longca.masks.registry import PATTERNS, build_mask, resolve_params
 from longca.measure.env import environment, gpu_clock_state
 from longca.measure.flops import attention_flops
 from longca.measure.peak import peak_tflops
@@ -76,9 +76,11 @@ def status_row(cell: Cell, status: str, reason: str, **extra: Any) -> dict[str, 
 def planned_unsupported(cell: Cell) -> str | None:
     """Reason a cell cannot run, known from declared capabilities alone (no device touched)."""
     kernel = registry.get(cell.kernel)
+    block = resolve_params(cell.mask, dict(cell.mask_params)).get("block") if cell.mask == "block_sparse" else None
     return static_unsupported_reason(
         kernel.caps, mask_name=cell.mask, mask_forms=forms_of(cell.mask), dtype=cell.dtype,
-        head_dim=cell.head_dim, heads_q=cell.heads_q, heads_kv=cell.heads_kv, pass_=cell.pass_, device=cell.device)
+        head_dim=cell.head_dim, heads_q=cell.heads_q, heads_kv=cell.heads_kv, pass_=cell.pass_, device=cell.device,
+        block_size=block)
 
 
 def runtime_unsupported(cell: Cell, device: torch.device) -> str | None:
