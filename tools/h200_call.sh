@@ -9,7 +9,8 @@
 #     single            every single-GPU sweep of specs/h200.yaml but sparse and linear, sharded
 #                       over the GPUs (FA4 needed); RETRY="--retry error" reruns error rows
 #     sparse            the sparse sweep on all GPUs, Triton first, then Flex, then VSA's Triton
-#                       kernel (carry the vsa wheel and pytest's wheels in .whl/ for it)
+#                       kernel (carry the vsa wheel and pytest's wheels in .whl/ for it), then
+#                       FlashInfer (unsupported rows where it is not installed)
 #     flex_long         Flex's long-context cells (64K-512K, the no-Flex-OOM goal), then Flex's
 #                       sparse cells, sharded over the GPUs (no FA4 needed)
 #     linear_sparse     fla autotuning warmed in parallel (PREWARM_S seconds, 0 to skip when the
@@ -121,7 +122,8 @@ case "$1" in
   sparse)
     sharded sparse "--spec specs/h200.yaml --sweep sparse --only kernel=triton_block_sparse" \
       "--spec specs/h200.yaml --sweep sparse --only kernel=flex" \
-      "--spec specs/h200.yaml --sweep sparse --only kernel=vsa_triton"
+      "--spec specs/h200.yaml --sweep sparse --only kernel=vsa_triton" \
+      "--spec specs/h200.yaml --sweep sparse --only kernel=flashinfer_block_sparse"
     cleanup ;;
   flex_long)
     sharded flex-long "--spec specs/h200.yaml --sweep long --only kernel=flex ${RETRY:-}" \
