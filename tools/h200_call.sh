@@ -10,7 +10,7 @@
 #                       over the GPUs (FA4 needed); RETRY="--retry error" reruns error rows
 #     sparse            the sparse sweep on all GPUs, Triton first, then Flex, then VSA's Triton
 #                       kernel (carry the vsa wheel and pytest's wheels in .whl/ for it), then
-#                       FlashInfer (unsupported rows where it is not installed)
+#                       FlashInfer and block-sparse FA2 (unsupported rows where not installed)
 #     flex_long         Flex's long-context cells (64K-512K, the no-Flex-OOM goal), then Flex's
 #                       sparse cells, sharded over the GPUs (no FA4 needed)
 #     linear_sparse     fla autotuning warmed in parallel (PREWARM_S seconds, 0 to skip when the
@@ -123,7 +123,7 @@ case "$1" in
     sharded sparse "--spec specs/h200.yaml --sweep sparse --only kernel=triton_block_sparse" \
       "--spec specs/h200.yaml --sweep sparse --only kernel=flex" \
       "--spec specs/h200.yaml --sweep sparse --only kernel=vsa_triton" \
-      "--spec specs/h200.yaml --sweep sparse --only kernel=flashinfer_block_sparse"
+      "--spec specs/h200.yaml --sweep sparse --only kernel=flashinfer_block_sparse --only kernel=block_sparse_fa2"
     cleanup ;;
   flex_long)
     sharded flex-long "--spec specs/h200.yaml --sweep long --only kernel=flex ${RETRY:-}" \
