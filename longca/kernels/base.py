@@ -15,6 +15,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
+from longca.masks.blocks import BlockLayout
 from longca.masks.mask import Mask
 
 # Mask forms: how a kernel can be told which pairs to attend. A mask offers a subset
@@ -103,6 +104,21 @@ def grad_changes_form(kernel: Any, mask: Mask, *, head_dim: int, dtype: torch.dt
     """Whether `kernel` prepares `mask` differently for forward-only calls (see the Kernel protocol)."""
     hook = getattr(kernel, "grad_changes_form", None)
     return bool(hook(mask, head_dim=head_dim, dtype=dtype, device=device)) if hook is not None else False
+
+
+def block_layout(kernel: Any, mask: Mask, form: str, heads_q: int, heads_kv: int) -> BlockLayout:
+    """A block-sparse kernel's input: the mask's per-KV-head BlockLayout, checked against the cell's
+    heads and the kernel's declared `block_sizes` (prepare-time echo of what the planner enforces)."""
+    layout = mask.blocks
+    if form != "block_sparse" or layout is None:
+        raise Unsupported(f"{kernel.name} takes a block-sparse layout, not form {form!r}")
+    if layout.heads != heads_kv or heads_q % heads_kv:
+        raise Unsupported(f"mask has {layout.heads} KV heads; cell has {heads_q}:{heads_kv}")
+    sizes = kernel.caps.block_sizes
+    if sizes is not None and layout.uniform_block not in sizes:
+        raise Unsupported(f"uniform blocks of {sorted(sizes)} only; this layout has "
+                          f"{layout.uniform_block or 'variable'} blocks")
+    return layout
 
 
 def package_available(name: str | None) -> bool:

@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from longca.kernels.base import Capabilities, Prepared, Unsupported
+from longca.kernels.base import Capabilities, Prepared, Unsupported, block_layout
 from longca.kernels.registry import register
 from longca.masks.mask import Mask
 
@@ -45,14 +45,9 @@ class BlockSparseFA2:
 
     def prepare(self, mask: Mask, *, batch: int, heads_q: int, heads_kv: int, head_dim: int,
                 dtype: torch.dtype, device: torch.device, form: str) -> Prepared:
-        if form != "block_sparse" or mask.blocks is None:
-            raise Unsupported(f"{self.name} takes a block-sparse layout, not form {form!r}")
-        layout = mask.blocks
-        if layout.uniform_block != BLOCK or mask.seqlen_k != mask.seqlen_q:
-            raise Unsupported(f"the kernel's tile is {BLOCK} x {BLOCK}: uniform {BLOCK}-token blocks only "
-                              f"(block {layout.uniform_block})")
-        if layout.heads != heads_kv or heads_q % heads_kv:
-            raise Unsupported(f"mask has {layout.heads} KV heads; cell has {heads_q}:{heads_kv}")
+        layout = block_layout(self, mask, form, heads_q, heads_kv)
+        if mask.seqlen_k != mask.seqlen_q:
+            raise Unsupported(f"self-attention only (S {mask.seqlen_q}x{mask.seqlen_k})")
         try:
             from block_sparse_attn import block_sparse_attn_func
         except ImportError as exc:

@@ -22,7 +22,7 @@ import time
 import numpy as np
 import torch
 
-from longca.kernels.base import Capabilities, Prepared, Unsupported
+from longca.kernels.base import Capabilities, Prepared, Unsupported, block_layout
 from longca.kernels.registry import register
 from longca.masks.mask import Mask
 
@@ -46,13 +46,9 @@ class FlashInferBlockSparse:
 
     def prepare(self, mask: Mask, *, batch: int, heads_q: int, heads_kv: int, head_dim: int,
                 dtype: torch.dtype, device: torch.device, form: str) -> Prepared:
-        if form != "block_sparse" or mask.blocks is None:
-            raise Unsupported(f"{self.name} takes a block-sparse layout, not form {form!r}")
+        layout = block_layout(self, mask, form, heads_q, heads_kv)
         if batch != 1:
             raise Unsupported(f"the wrapper plans one sequence: batch 1 only, cell has {batch}")
-        layout = mask.blocks
-        if layout.heads != heads_kv or heads_q % heads_kv:
-            raise Unsupported(f"mask has {layout.heads} KV heads; cell has {heads_q}:{heads_kv}")
         try:
             import flashinfer.sparse
         except ImportError as exc:

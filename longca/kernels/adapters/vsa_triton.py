@@ -25,7 +25,7 @@ from types import ModuleType
 
 import torch
 
-from longca.kernels.base import Capabilities, Prepared, Unsupported
+from longca.kernels.base import Capabilities, Prepared, Unsupported, block_layout
 from longca.kernels.registry import register
 from longca.masks.mask import Mask
 
@@ -106,14 +106,11 @@ class VsaTriton:
 
     def prepare(self, mask: Mask, *, batch: int, heads_q: int, heads_kv: int, head_dim: int,
                 dtype: torch.dtype, device: torch.device, form: str) -> Prepared:
-        if form != "block_sparse" or mask.blocks is None:
-            raise Unsupported(f"{self.name} takes a block-sparse layout, not form {form!r}")
-        layout = mask.blocks
-        if layout.uniform_block != BLOCK or mask.seqlen_q % BLOCK or mask.seqlen_k != mask.seqlen_q:
-            raise Unsupported(f"VSA takes uniform {BLOCK}-token blocks on S a multiple of {BLOCK} "
-                              f"(block {layout.uniform_block}, S {mask.seqlen_q}x{mask.seqlen_k})")
-        if layout.heads != heads_q or heads_q != heads_kv:
-            raise Unsupported(f"VSA has no GQA: mask has {layout.heads} heads, cell {heads_q}:{heads_kv}")
+        layout = block_layout(self, mask, form, heads_q, heads_kv)
+        if mask.seqlen_q % BLOCK or mask.seqlen_k != mask.seqlen_q:
+            raise Unsupported(f"VSA takes S a multiple of {BLOCK} (S {mask.seqlen_q}x{mask.seqlen_k})")
+        if heads_q != heads_kv:
+            raise Unsupported(f"VSA has no GQA: cell has {heads_q}:{heads_kv}")
         kernels, index = vsa_modules()
         refusal = block_pointers_removed()
         if refusal:
