@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from longca.masks import slices as sl
+from longca.masks.block_sparse import uniform_bounds
 from longca.masks.blocks import BlockLayout
 from longca.masks.mask import Mask
 
@@ -155,15 +156,11 @@ def layout_block_counts(layout: BlockLayout, block_q: int = 128, block_k: int = 
     return out
 
 
-def _grid_bounds(seqlen: int, block: int) -> np.ndarray:
-    return np.append(np.arange(0, seqlen, block, dtype=np.int64), seqlen)
-
-
 def layout_block_states(layout: BlockLayout, block_q: int = 128, block_k: int = 128) -> np.ndarray:
     """int8 (heads, n_q_blocks, n_k_blocks) states of a block-sparse layout on a (block_q, block_k) grid."""
     sq, sk = int(layout.q_bounds[-1]), int(layout.k_bounds[-1])
-    if (np.array_equal(layout.q_bounds, _grid_bounds(sq, block_q))
-            and np.array_equal(layout.k_bounds, _grid_bounds(sk, block_k))):
+    if (np.array_equal(layout.q_bounds, uniform_bounds(sq, block_q))
+            and np.array_equal(layout.k_bounds, uniform_bounds(sk, block_k))):
         # The grid is the layout's own: a kept block is a FULL grid block, the rest EMPTY (no counting).
         return np.where(layout.kept, np.int8(FULL), np.int8(EMPTY))
     count = layout_block_counts(layout, block_q, block_k)
