@@ -139,6 +139,16 @@ def _family_pages(c: pl.DataFrame, peer: pl.DataFrame) -> list[Page]:
                                "dense_tflops", "ratio", "speedup", "backend", "device_name"],
                               numeric=["block_size", "density", "seqlen_q", "tflops", "dense_tflops", "ratio",
                                        "speedup"]))
+    side, kernels = queries.sparse_side_by_side(c)
+    if side.height:
+        p_sparse.p("Every block-sparse cell kernel by kernel: the same mask draw, length, heads and pass on one "
+                   "line, each kernel's TFLOP/s (exact kept area) where its cell is ok, otherwise its status "
+                   "(the reason is on the Status page); best = the fastest ok kernel.")
+        p_sparse.table(_table(side.with_columns(heads=pl.format("{}:{}", "heads_q", "heads_kv"),
+                                                density=pl.col("density").round(3)),
+                              ["mask", "block_size", "density", "heads", "head_dim", "dtype", "seqlen_q", "pass",
+                               *kernels, "best", "machine"],
+                              numeric=["block_size", "density", "seqlen_q", *kernels]))
     p_cp = Page("cp.html", "CP", "Context parallelism")
     cpp = peers.for_cp(peer) if cp.filter(pl.col("device") == "cuda").height else peer.clear()
     for kind, missing in (("world", "No ok multi-GPU cells."), ("length", "No ok multi-GPU cells."),

@@ -260,6 +260,29 @@ def sparse_vs_dense(c: pl.DataFrame, dense_kernel: str = DENSE_REFERENCE_KERNEL)
             .sort("kernel", "mask", "block_size", "density", "heads_kv", "seqlen_q", "pass", nulls_last=True))
 
 
+def sparse_side_by_side(c: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
+    """The single-GPU block-sparse cells kernel by kernel: one line per (mask draw, length, heads,
+    head dim, dtype, pass, machine), one column per kernel holding its TFLOP/s (exact kept area)
+    where its cell is ok, or its status ('unsupported', 'oom', ...) where not, and `best`, the
+    fastest ok kernel. Returns the table and its kernel columns. The reasons are on the Status page."""
+    keys = ["mask", "mask_variant", "seqlen_q", "heads_q", "heads_kv", "head_dim", "dtype", "pass", "machine"]
+    d = c.filter((pl.col("world_size") == 1) & pl.col("mask").is_in(SPARSE_MASKS))
+    if d.is_empty():
+        return d.clear(), []
+    ok = pl.col("all_ok") & pl.col("tflops").is_not_null()
+    shown = d.with_columns(value=pl.when(ok).then(pl.col("tflops").round(1).cast(pl.String))
+                           .otherwise(pl.col("status")))
+    kernels = sorted(shown.get_column("kernel").unique().to_list())
+    wide = shown.pivot(on="kernel", index=keys, values="value", aggregate_function="first")
+    layout = d.group_by(keys).agg(pl.col("block_size").first(), pl.col("density").median())
+    best = (d.filter(ok).sort("tflops", descending=True).group_by(keys, maintain_order=True)
+            .agg(best=pl.col("kernel").first()))
+    table = (wide.join(layout, on=keys, how="left", nulls_equal=True)
+             .join(best, on=keys, how="left", nulls_equal=True)
+             .sort("mask", "block_size", "mask_variant", "heads_kv", "seqlen_q", "pass", nulls_last=True))
+    return table.select(*keys, "block_size", "density", *kernels, "best"), kernels
+
+
 def linear_vs_softmax(c: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Tokens/s of each linear kernel and of the best softmax kernel on the same mask, pass and shape.
 

@@ -150,6 +150,28 @@ def test_sparse_vs_dense_reads_the_dense_full_mask_cell_of_the_same_shape() -> N
     assert vs.get_column("speedup").to_list() == pytest.approx([12.0 / 6.6, 10.0 / 5.5])
 
 
+def test_sparse_side_by_side_puts_each_kernels_figure_or_status_on_one_line() -> None:
+    sparse = dict(mask="block_sparse", block_size=64, density=0.5, mask_variant="b64-d0.5")
+    rows = [_row("triton_block_sparse", s=16384, tflops=440.0, cell_id="t", **sparse),
+            _row("vsa_triton", s=16384, tflops=385.0, cell_id="v", **sparse),
+            _row("flex", s=16384, tflops=116.0, cell_id="f", **sparse),
+            _row("flashinfer_block_sparse", s=16384, status="unsupported", cell_id="fi", **sparse),
+            _row("triton_block_sparse", s=16384, tflops=430.0, heads_kv=2, cell_id="t-gqa", **sparse),
+            _row("vsa_triton", s=16384, status="unsupported", heads_kv=2, cell_id="v-gqa", **sparse),
+            _row("flex", s=16384, status="oom", heads_kv=2, cell_id="f-gqa", **sparse),
+            _row("sdpa_cudnn", "full", 16384, tflops=600.0, cell_id="dense")]  # not a sparse cell
+    table, kernels = queries.sparse_side_by_side(_cells(rows))
+    assert kernels == ["flashinfer_block_sparse", "flex", "triton_block_sparse", "vsa_triton"]
+    assert table.height == 2 and table.get_column("heads_kv").to_list() == [2, 8]
+    gqa, mha = table.row(0, named=True), table.row(1, named=True)
+    assert (gqa["triton_block_sparse"], gqa["vsa_triton"], gqa["flex"]) == ("430.0", "unsupported", "oom")
+    assert gqa["flashinfer_block_sparse"] is None  # never run on this shape: an empty cell, not a status
+    assert gqa["best"] == "triton_block_sparse"
+    assert (mha["vsa_triton"], mha["flex"], mha["flashinfer_block_sparse"]) == ("385.0", "116.0", "unsupported")
+    assert mha["best"] == "triton_block_sparse" and mha["block_size"] == 64 and mha["density"] == 0.5
+    assert queries.sparse_side_by_side(_cells(rows[-1:]))[1] == []
+
+
 def test_measurement_time_counts_each_cells_wall_once() -> None:
     rows = [_row(cell_id="a", spec="s", sweep="w", samples_ms=[100.0, 100.0], cell_wall_s=1.0, mask_sample=0),
             _row(cell_id="a", spec="s", sweep="w", samples_ms=[200.0], cell_wall_s=1.0, mask_sample=1),
