@@ -30,6 +30,10 @@
 #                       sweep's cuDNN cells at PROBE_SEQLEN (default 32K) measured again into a
 #                       scratch results folder, returned as OUTDIR/dense-probe.parquet (the
 #                       committed rows stay as they are)
+#     efficiency_probe  dense_probe, then the same 48 cells under specs/h200-efficiency-probe.yaml's
+#                       protocol (warm-up cut at 50 ms, 10-50 timed calls in 2 s, backward on one
+#                       retained graph) into another scratch folder, returned as
+#                       OUTDIR/efficiency-probe.parquet (no FA4 needed)
 set -u
 out=${1:?outdir}; stage=${2:?stage}; limit=${3:-480}
 start=$SECONDS
@@ -158,6 +162,13 @@ case "$1" in
       > "$logs/dense_probe.log" 2>&1
     python3 -m longca.cli aggregate --spec specs/h200.yaml --results /tmp/probe-results --present-only \
       --out "$out/dense-probe.parquet" >> "$logs/dense_probe.log" 2>&1 ;;
+  efficiency_probe)
+    run_stage dense_probe
+    rm -rf /tmp/efficiency-results
+    CUDA_VISIBLE_DEVICES=0 timeout -k 10 -s TERM "$(capped 420)" python3 -m longca.cli run \
+      --spec specs/h200-efficiency-probe.yaml --results /tmp/efficiency-results > "$logs/efficiency_probe.log" 2>&1
+    python3 -m longca.cli aggregate --spec specs/h200-efficiency-probe.yaml --results /tmp/efficiency-results \
+      --present-only --out "$out/efficiency-probe.parquet" >> "$logs/efficiency_probe.log" 2>&1 ;;
   fidelity)
     CUDA_VISIBLE_DEVICES=0 timeout "$(capped 240)" python3 benchmarks/timer_fidelity.py "$logs/fidelity.json" --rounds "${FIDELITY_ROUNDS:-3}" > "$logs/fidelity.log" 2>&1 ;;
   checks)

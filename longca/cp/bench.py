@@ -54,6 +54,7 @@ from longca.cp.sharding import BALANCES, granule, make_sharding
 from longca.cp.ulysses import kv_replication
 from longca.kernels.registry import load_plugins
 from longca.masks.registry import PATTERNS, build_mask
+from longca.measure.timer import RETAINED_GRAPH
 
 PASSES = ("fwd", "bwd", "fwd_bwd")
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -367,7 +368,9 @@ def _base_row(cell: dict, world: int, device: torch.device, kernel_name: str) ->
         "mask_form": "block_sparse" if pat and pat.family == "dynamic" else "slices",
         "seed": cell.get("seed", 0), "mask_sample": cell.get("mask_sample", 0),
         "world_size": world, "cp_mechanism": cell.get("mechanism"), "cp_degrees": json.dumps(deg, sort_keys=True),
-        "cp_balance": cell.get("balance"), "timer": "cuda_events" if device.type == "cuda" else "cpu_monotonic",
+        "cp_balance": cell.get("balance"),
+        "timer": ("cuda_events" if device.type == "cuda" else "cpu_monotonic")
+        + (RETAINED_GRAPH if cell.get("pass") == "bwd" else ""),  # bwd: every sample on one forward's graph
         "l2_flush": False, "backend": kernel_name, "device": device.type,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or "cpu"),
         "device_count": world, "torch": torch.__version__,

@@ -53,6 +53,9 @@ class Capabilities:
     # Block-sparse kernels with fixed tiles: the uniform block sizes taken (None: any layout,
     # variable blocks included)
     block_sizes: frozenset[int] | None = None
+    # Backward may run again on one forward's graph (retain_graph=True), which a sweep can ask for
+    # with `repeat.backward: retained_graph`; compiled FlexAttention refuses (donated buffers).
+    retained_backward: bool = True
 
     def __post_init__(self) -> None:
         unknown = set(self.mask_forms) - set(MASK_FORMS)

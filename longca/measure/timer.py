@@ -19,6 +19,9 @@ import numpy as np
 import torch
 
 L2_FLUSH_BYTES = 256 * 1024 * 1024  # larger than any current GPU's L2 (H200: 60 MB)
+# Suffix of a row's `timer` when its backward samples all ran on one forward's retained graph
+# (`repeat.backward: retained_graph`) instead of after a fresh forward each.
+RETAINED_GRAPH = "+retained_graph"
 
 
 @dataclass

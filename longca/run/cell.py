@@ -27,7 +27,7 @@ from longca.measure.flops import attention_flops
 from longca.measure.peak import peak_tflops
 from longca.measure.reference import dense_mask_tensor, reference_attention, relative_error
 from longca.measure.reference_cache import ReferenceCache
-from longca.measure.timer import timer_for
+from longca.measure.timer import RETAINED_GRAPH, timer_for
 from longca.spec.cells import Cell
 
 RUN_ID = uuid.uuid4().hex[:12]  # one per process: rows of one run share it
@@ -312,10 +312,20 @@ def _measure_sample(cell: Cell, device: torch.device, sample: int, check: dict[s
             timing = timer.time(lambda: prepared.call(q, k, v), warmup=rep["warmup"], iters=rep["iters"],
                                 min_iters=rep.get("min_iters", 1), budget_s=rep["budget_s"],
                                 warmup_s=rep.get("warmup_s"))
+    elif cell.pass_ == "bwd" and rep.get("backward") == "retained_graph" and kernel.caps.retained_backward:
+        # Opt-in: one untimed forward, then every warm-up and timed backward on its retained graph
+        # (FlashAttention's benchmark_backward does the same), so a backward cell no longer runs a
+        # forward per iteration outside the timed region. The row's timer says so.
+        clear_grads()
+        out = prepared.call(q, k, v)
+        timing = timer.time(lambda: out.backward(do, retain_graph=True), warmup=rep["warmup"],
+                            iters=rep["iters"], min_iters=rep.get("min_iters", 1), budget_s=rep["budget_s"],
+                            warmup_s=rep.get("warmup_s"), before=clear_grads)
+        timing.timer += RETAINED_GRAPH
     elif cell.pass_ == "bwd":
-        # Backward alone: a fresh (untimed) forward before each iteration, then the timed backward.
-        # Re-running backward on one retained graph is refused by compiled kernels with donated
-        # buffers (FlexAttention on torch 2.11) and would time a different graph state.
+        # Backward alone (the default): a fresh (untimed) forward before each iteration, then the
+        # timed backward. Re-running backward on one retained graph is refused by compiled kernels
+        # with donated buffers (FlexAttention on torch 2.11).
         saved: dict[str, torch.Tensor] = {}
 
         def fresh_forward():

@@ -75,6 +75,10 @@ def check_spec(spec: Spec) -> None:
             if isinstance(w, bool) or not isinstance(w, (int, float)) or not (0 < w < math.inf):
                 raise SpecError(f"{where}.repeat.warmup_s",
                                 f"{w!r}: the warm-up time budget must be a positive, finite number of seconds")
+        if sw.cp is not None and rep.get("backward") == "fresh_forward":
+            raise SpecError(f"{where}.repeat.backward",
+                            "'fresh_forward' is not available to context-parallel sweeps: their backward is "
+                            "always timed on one forward's graph (allowed here: retained_graph)")
         if rep.get("min_iters", 1) > rep.get("iters", 1):
             raise SpecError(f"{where}.repeat.min_iters",
                             f"{rep['min_iters']} exceeds repeat.iters={rep['iters']}; min_iters must be <= iters")

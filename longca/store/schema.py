@@ -66,7 +66,8 @@ _FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("rank_peak_mem_bytes", pa.list_(pa.int64()), ""),
     ("comm_exposed_ms", pa.float64(), "communication time not hidden behind compute: median iteration minus median with communication replaced by no-ops (noise can make it slightly negative; not clipped)"),
     # timing
-    ("timer", pa.string(), "cuda_events | cpu_monotonic | do_bench"),
+    ("timer", pa.string(), "cuda_events | cpu_monotonic | do_bench; '+retained_graph' appended when every "
+     "backward sample ran on one forward's graph (repeat.backward: retained_graph)"),
     ("warmup_iters", pa.int32(), "warm-up iterations run (fewer than the spec's count when repeat.warmup_s cut them)"),
     ("timed_iters", pa.int32(), ""),
     ("l2_flush", pa.bool_(), ""),

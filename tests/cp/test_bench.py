@@ -22,6 +22,7 @@ BASE = {"mechanism": "ring_p2p", "mask": "causal", "mask_params": {}, "seqlen": 
         "device": "cpu", "backend": "gloo"}
 CELLS = [
     dict(BASE, cell_id="ok_ring"),
+    dict(BASE, cell_id="ok_ring_bwd", **{"pass": "bwd"}),
     dict(BASE, cell_id="ok_usp_fwd", mechanism="usp", degrees={"ulysses": 2, "ring": 1}, mask="causal_document",
          balance="document", **{"pass": "fwd"}),
     dict(BASE, cell_id="heads", mechanism="ulysses", heads_q=3, heads_kv=1),
@@ -72,6 +73,8 @@ def test_cells_become_rows(tmp_path):
 
     ok = rows["ok_ring"]
     assert ok["status"] == "ok", ok["reason"]
+    bwd = rows["ok_ring_bwd"]  # backward samples all run on one forward's graph, and the row says so
+    assert bwd["status"] == "ok" and (ok["timer"], bwd["timer"]) == ("cpu_monotonic", "cpu_monotonic+retained_graph")
     area = build_mask("causal", 64).area
     assert ok["mask_area"] == 2 * area and sum(ok["rank_area"]) == 2 * area
     assert ok["rank_area"] == [2 * area // 2] * 2  # zigzag balances causal exactly

@@ -8,12 +8,12 @@ from longca.spec.load import load_spec
 
 
 def spec(kernels, masks="[full, causal]", extra="", passes="[bwd]",
-         repeat="warmup: 1, iters: 3, min_iters: 1, budget_s: 0.2, l2_flush: false"):
+         repeat="warmup: 1, iters: 3, min_iters: 1, budget_s: 0.2, l2_flush: false", check="max_seqlen: 256"):
     return load_spec(text=f"""
 name: t
 device: cpu
 repeat: {{{repeat}}}
-check: {{max_seqlen: 256}}
+check: {{{check}}}
 mask_samples: {{multi_document: 2, single: 1}}
 kernels: {kernels}
 masks: {masks}
@@ -130,6 +130,45 @@ def test_warmup_time_budget_of_the_spec_cuts_the_warmups():
     budgeted = fixed + ", warmup_s: 1.0e-9"
     (row,) = run_cell(expand(spec("[naive]", masks="[full]", passes="[fwd]", repeat=budgeted))[0])
     assert row["status"] == "ok" and row["warmup_iters"] == 1
+
+
+@pytest.mark.parametrize("kernel", ["naive", "sdpa_math"])
+def test_backward_on_a_retained_graph_runs_one_forward(kernel, monkeypatch):
+    from longca.kernels import registry
+
+    adapter = registry.get(kernel)
+    real_prepare, forwards = adapter.prepare, []
+
+    def prepare(mask, **kwargs):
+        p = real_prepare(mask, **kwargs)
+        call = p.call
+        p.call = lambda *a: forwards.append(1) or call(*a)
+        return p
+
+    monkeypatch.setattr(adapter, "prepare", prepare)
+    iters = "warmup: 2, iters: 4, min_iters: 4, budget_s: 100.0, l2_flush: false"
+    for backward, timer_forwards, timer in (("fresh_forward", 2 + 4, "cpu_monotonic"),
+                                            ("retained_graph", 1, "cpu_monotonic+retained_graph")):
+        forwards.clear()
+        # no check: every forward counted is the timer's
+        (row,) = run_cell(expand(spec(f"[{kernel}]", masks="[causal]", check="enabled: false",
+                                      repeat=f"{iters}, backward: {backward}"))[0])
+        assert row["status"] == "ok" and row["timer"] == timer
+        assert (row["warmup_iters"], row["timed_iters"], len(forwards)) == (2, 4, timer_forwards)
+    (row,) = run_cell(expand(spec(f"[{kernel}]", masks="[causal]", repeat=f"{iters}, backward: retained_graph"))[0])
+    assert row["status"] == "ok" and row["rel_err_dq"] < 1e-5  # the check is the same under either protocol
+
+
+def test_a_kernel_that_refuses_a_retained_graph_keeps_fresh_forwards(monkeypatch):
+    import dataclasses
+
+    from longca.kernels import registry
+
+    adapter = registry.get("naive")
+    monkeypatch.setattr(adapter, "caps", dataclasses.replace(adapter.caps, retained_backward=False))
+    repeat = "warmup: 1, iters: 2, min_iters: 2, budget_s: 100.0, l2_flush: false, backward: retained_graph"
+    (row,) = run_cell(expand(spec("[naive]", masks="[causal]", repeat=repeat))[0])
+    assert row["status"] == "ok" and row["timer"] == "cpu_monotonic"
 
 
 def test_incorrect_cell_keeps_its_wall_and_check_time(plugin_env, monkeypatch):

@@ -142,7 +142,8 @@ def test_shipped_specs_keep_their_cell_digests():
         for key, digest in known.items():
             assert key in cells, f"{name}: no cell {key}"
             assert cells[key].digest == digest, f"{name}: {key} changed digest"
-            assert "warmup_s" not in dict(cells[key].repeat)  # an optional key is never defaulted in
+            for optional in ("warmup_s", "backward"):  # an optional key is never defaulted in
+                assert optional not in dict(cells[key].repeat)
 
 
 def test_warmup_budget_is_part_of_the_digest_only_where_set():

@@ -77,6 +77,9 @@ BAD = [
     (spec_with(repeat={"warmup_s": 0}), "repeat.warmup_s", ["0", "minimum"]),
     (spec_with(repeat={"warmup_s": "1s"}), "repeat.warmup_s", ["1s", "number"]),
     (spec_with(repeat={"warmup_s": float("nan")}), "sweeps.0.repeat.warmup_s", ["nan", "positive, finite"]),
+    (spec_with(repeat={"backward": "retain"}), "repeat.backward", ["retain", "allowed", "retained_graph"]),
+    (spec_with(repeat={"backward": "fresh_forward"}, sweep_cp={"mechanisms": ["ring_p2p"], "world_sizes": [2]}),
+     "sweeps.0.repeat.backward", ["fresh_forward", "retained_graph"]),
     (spec_with(sweep_exclude=[{"kernel": "nave"}]), "sweeps.0.exclude.0.kernel", ["nave", "allowed", "naive"]),
     (spec_with(sweep_exclude=[{"colour": "red"}]), "sweeps.0.exclude.0", ["colour"]),
     (spec_with(sweep_cp={"mechanisms": ["ring"], "world_sizes": [2]}), "sweeps.0.cp.mechanisms.0",
@@ -127,3 +130,14 @@ def test_warmup_budget_is_optional_and_inherited():
     assert "warmup_s" not in load_spec(text=GOOD).sweeps[0].repeat
     spec = load_spec(text=spec_with(repeat={"warmup": 10, "warmup_s": 0.25}))
     assert spec.sweeps[0].repeat["warmup_s"] == 0.25 and spec.sweeps[0].repeat["warmup"] == 10
+
+
+SPECS = sorted((__import__("pathlib").Path(__file__).resolve().parents[2] / "specs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SPECS, ids=lambda p: p.name)
+def test_shipped_specs_load_and_expand(path):
+    from longca.spec.cells import expand
+
+    spec = load_spec(path)
+    assert spec.name == path.stem and expand(spec)

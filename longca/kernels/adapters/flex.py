@@ -154,6 +154,7 @@ class FlexAttention:
         head_dims=None,
         gqa=True,
         backward=True,  # CUDA only: on CPU the call raises Unsupported for inputs that need grad
+        retained_backward=False,  # the compiled backward donates its buffers: one backward per forward
     )
 
     def grad_changes_form(self, mask: Mask, *, head_dim: int, dtype: torch.dtype, device: torch.device) -> bool:
