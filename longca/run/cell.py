@@ -307,20 +307,20 @@ def _measure_sample(cell: Cell, device: torch.device, sample: int, check: dict[s
         for x in (q, k, v):
             x.grad = None
 
+    def timed(fn, before=None):  # the spec's repeat protocol around one call
+        return timer.time(fn, warmup=rep["warmup"], iters=rep["iters"], min_iters=rep.get("min_iters", 1),
+                          budget_s=rep["budget_s"], warmup_s=rep.get("warmup_s"), before=before)
+
     if cell.pass_ == "fwd":
         with torch.no_grad():
-            timing = timer.time(lambda: prepared.call(q, k, v), warmup=rep["warmup"], iters=rep["iters"],
-                                min_iters=rep.get("min_iters", 1), budget_s=rep["budget_s"],
-                                warmup_s=rep.get("warmup_s"))
+            timing = timed(lambda: prepared.call(q, k, v))
     elif cell.pass_ == "bwd" and rep.get("backward") == "retained_graph" and kernel.caps.retained_backward:
         # Opt-in: one untimed forward, then every warm-up and timed backward on its retained graph
         # (FlashAttention's benchmark_backward does the same), so a backward cell no longer runs a
         # forward per iteration outside the timed region. The row's timer says so.
         clear_grads()
         out = prepared.call(q, k, v)
-        timing = timer.time(lambda: out.backward(do, retain_graph=True), warmup=rep["warmup"],
-                            iters=rep["iters"], min_iters=rep.get("min_iters", 1), budget_s=rep["budget_s"],
-                            warmup_s=rep.get("warmup_s"), before=clear_grads)
+        timing = timed(lambda: out.backward(do, retain_graph=True), before=clear_grads)
         timing.timer += RETAINED_GRAPH
     elif cell.pass_ == "bwd":
         # Backward alone (the default): a fresh (untimed) forward before each iteration, then the
@@ -332,13 +332,9 @@ def _measure_sample(cell: Cell, device: torch.device, sample: int, check: dict[s
             clear_grads()
             saved["out"] = prepared.call(q, k, v)
 
-        timing = timer.time(lambda: saved["out"].backward(do), warmup=rep["warmup"], iters=rep["iters"],
-                            min_iters=rep.get("min_iters", 1), budget_s=rep["budget_s"],
-                            warmup_s=rep.get("warmup_s"), before=fresh_forward)
+        timing = timed(lambda: saved["out"].backward(do), before=fresh_forward)
     else:
-        timing = timer.time(lambda: prepared.call(q, k, v).backward(do), warmup=rep["warmup"], iters=rep["iters"],
-                            min_iters=rep.get("min_iters", 1), budget_s=rep["budget_s"],
-                            warmup_s=rep.get("warmup_s"), before=clear_grads)
+        timing = timed(lambda: prepared.call(q, k, v).backward(do), before=clear_grads)
     peak = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
     clock1 = gpu_clock_state() if device.type == "cuda" else {}
     area = mask.area_per_head * cell.batch
