@@ -54,7 +54,8 @@ class Capabilities:
     # variable blocks included)
     block_sizes: frozenset[int] | None = None
     # Backward may run again on one forward's graph (retain_graph=True), which a sweep can ask for
-    # with `repeat.backward: retained_graph`; compiled FlexAttention refuses (donated buffers).
+    # with `repeat.backward: retained_graph`. False for a kernel whose backward frees what its forward
+    # saved (compiled graphs with donated buffers do; compiled Flex refused it on the H200).
     retained_backward: bool = True
 
     def __post_init__(self) -> None:

@@ -299,12 +299,14 @@ def mask_states(mask: Mask, block_size: int | tuple[int, int] = 128) -> np.ndarr
 
 
 def to_block_mask(mask: Mask, block_size: int | tuple[int, int] = 128, device: str | torch.device = "cpu",
-                  heads_q: int | None = None):
+                  heads_q: int | None = None, backward: bool = True):
     """The FlexAttention BlockMask of a mask: full blocks skip mask_mod, partial blocks call it.
 
     Shared masks get a heads dimension of 1 (broadcast). Per-head (block-sparse) masks get one
     entry per KV head, or per query head when heads_q is given (needed for GQA: FlexAttention
-    indexes the BlockMask by query head)."""
+    indexes the BlockMask by query head). Without `backward` the query-direction index tensors,
+    which only the backward reads, are left out: at 512K on a 64 grid with 64 query heads they are
+    32 GiB (torch's compute_q_blocks=False)."""
     from torch.nn.attention.flex_attention import BlockMask
 
     bq, bk = (block_size, block_size) if isinstance(block_size, int) else block_size
@@ -321,9 +323,11 @@ def to_block_mask(mask: Mask, block_size: int | tuple[int, int] = 128, device: s
 
     kv_num, kv_idx = _index_tensors(states == PARTIAL, group, device)
     fkv_num, fkv_idx = _index_tensors(states == FULL, group, device)
-    states = _transposed(states)  # (heads, key blocks, query blocks): the q-direction tensors
-    q_num, q_idx = _index_tensors(states == PARTIAL, group, device)
-    fq_num, fq_idx = _index_tensors(states == FULL, group, device)
+    q_num = q_idx = fq_num = fq_idx = None
+    if backward:
+        states = _transposed(states)  # (heads, key blocks, query blocks): the q-direction tensors
+        q_num, q_idx = _index_tensors(states == PARTIAL, group, device)
+        fq_num, fq_idx = _index_tensors(states == FULL, group, device)
     return BlockMask(seq_lengths=(mask.seqlen_q, mask.seqlen_k), kv_num_blocks=kv_num, kv_indices=kv_idx,
                      full_kv_num_blocks=fkv_num, full_kv_indices=fkv_idx, q_num_blocks=q_num, q_indices=q_idx,
                      full_q_num_blocks=fq_num, full_q_indices=fq_idx, BLOCK_SIZE=(bq, bk), mask_mod=mod)

@@ -323,9 +323,8 @@ def _measure_sample(cell: Cell, device: torch.device, sample: int, check: dict[s
         timing = timed(lambda: out.backward(do, retain_graph=True), before=clear_grads)
         timing.timer += RETAINED_GRAPH
     elif cell.pass_ == "bwd":
-        # Backward alone (the default): a fresh (untimed) forward before each iteration, then the
-        # timed backward. Re-running backward on one retained graph is refused by compiled kernels
-        # with donated buffers (FlexAttention on torch 2.11).
+        # Backward alone (the default, and how the committed rows were timed): a fresh (untimed)
+        # forward before each iteration, then the timed backward.
         saved: dict[str, torch.Tensor] = {}
 
         def fresh_forward():

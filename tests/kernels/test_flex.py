@@ -185,6 +185,29 @@ def test_variable_blocks_and_static_masks_keep_block_128():
     assert block_size_for(build_mask("causal", 1024)) == 128
 
 
+def test_a_forward_only_form_builds_no_backward_index_tensors_and_stays_correct(flex, monkeypatch):
+    # Flex at block 64 on sm90 (forward cells only): the q-direction tensors would be dead weight
+    # (32 GiB of the 91 GiB peak at 512K in call 27). Simulated here by a backward without a config.
+    from longca.kernels.adapters import flex as flex_mod
+    from longca.masks import flex as masks_flex
+
+    built = []
+    real = masks_flex.to_block_mask
+    monkeypatch.setattr(masks_flex, "to_block_mask", lambda *a, **kw: built.append(real(*a, **kw)) or built[-1])
+    monkeypatch.setattr(flex_mod, "backward_runs_at", lambda *a, **kw: False)
+    mask = build_mask("block_sparse", S, {"block": 64, "density": 0.5}, seed=3, heads_kv=HKV)
+    q, k, v = inputs()
+    ref = reference_attention(q, k, v, dense_mask_tensor(mask, torch.device("cpu")))
+    for grad in (False, True):
+        prepared = flex.prepare(mask, batch=B, heads_q=HQ, heads_kv=HKV, head_dim=D, dtype=DTYPE, device=DEVICE,
+                                form="blockmask", grad=grad)
+        assert prepared.info["forward_only"] is (not grad)
+        assert (built[-1].q_indices is None) is (not grad)
+        with torch.no_grad():
+            out = prepared.call(*(t.to(DEVICE, DTYPE).transpose(1, 2).contiguous() for t in (q, k, v)))
+        assert relative_error(out.transpose(1, 2).cpu(), ref) < TOL_OUT
+
+
 def test_block_64_layout_runs_on_full_blocks_only_and_names_its_tiles(flex):
     mask = build_mask("block_sparse", S, {"block": 64, "density": 0.5}, seed=3, heads_kv=HKV)
     prepared = flex.prepare(mask, batch=B, heads_q=HQ, heads_kv=HKV, head_dim=D, dtype=DTYPE, device=DEVICE,

@@ -68,6 +68,15 @@ def test_q_direction_tensors_equal_torchs_transpose():
                 assert torch.equal(q_idx[0, 0, r, :n], want_idx[0, 0, r, :n])
 
 
+def test_a_forward_only_blockmask_has_no_q_direction_tensors_and_the_same_kv_ones():
+    m = build_mask("block_sparse", 300, {"block": 32}, heads_kv=2, seed=4)
+    both, fwd = flex.to_block_mask(m, 32, heads_q=4), flex.to_block_mask(m, 32, heads_q=4, backward=False)
+    assert both.q_indices is not None and both.full_q_indices is not None
+    assert (fwd.q_num_blocks, fwd.q_indices, fwd.full_q_num_blocks, fwd.full_q_indices) == (None,) * 4
+    for name in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"):
+        assert torch.equal(getattr(fwd, name), getattr(both, name)), name
+
+
 def test_gqa_broadcast_maps_query_heads_to_kv_heads():
     m = build_mask("block_sparse", 200, {"block": 32}, heads_kv=2, seed=4)
     bm = flex.to_block_mask(m, 32, heads_q=6)
