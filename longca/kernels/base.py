@@ -112,17 +112,26 @@ def grad_changes_form(kernel: Any, mask: Mask, *, head_dim: int, dtype: torch.dt
 
 def block_layout(kernel: Any, mask: Mask, form: str, heads_q: int, heads_kv: int) -> BlockLayout:
     """A block-sparse kernel's input: the mask's per-KV-head BlockLayout, checked against the cell's
-    heads and the kernel's declared `block_sizes` (prepare-time echo of what the planner enforces)."""
+    heads and the kernel's declared `gqa` and `block_sizes` (prepare-time echo of what the planner
+    enforces)."""
     layout = mask.blocks
     if form != "block_sparse" or layout is None:
         raise Unsupported(f"{kernel.name} takes a block-sparse layout, not form {form!r}")
     if layout.heads != heads_kv or heads_q % heads_kv:
         raise Unsupported(f"mask has {layout.heads} KV heads; cell has {heads_q}:{heads_kv}")
+    if not kernel.caps.gqa and heads_q != heads_kv:
+        raise Unsupported("GQA (heads_q != heads_kv) not supported")
     sizes = kernel.caps.block_sizes
     if sizes is not None and layout.uniform_block not in sizes:
         raise Unsupported(f"uniform blocks of {sorted(sizes)} only; this layout has "
                           f"{layout.uniform_block or 'variable'} blocks")
     return layout
+
+
+def sync(device: torch.device | str) -> None:
+    """Wait for the device's queued work (a no-op off CUDA): what prepare() times must be finished."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def package_available(name: str | None) -> bool:

@@ -25,6 +25,8 @@ def test_a_block_sparse_kernel_gets_the_layout_or_the_reason_why_not():
                                              (fa2, b128, "dense", 4, 2, "takes a block-sparse layout"),
                                              (flashinfer, b128, "block_sparse", 4, 4, "mask has 2 KV heads"),
                                              (flashinfer, build_mask("causal", 512), "block_sparse", 4, 2,
-                                              "takes a block-sparse layout")):
+                                              "takes a block-sparse layout"),
+                                             (registry.get("vsa_triton"), b64, "block_sparse", 4, 2,
+                                              "GQA (heads_q != heads_kv) not supported")):
         with pytest.raises(Unsupported, match=re.escape(why)):
             block_layout(kernel, mask, form, hq, hkv)

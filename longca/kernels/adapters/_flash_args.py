@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from longca.kernels.base import Unsupported
+from longca.kernels.base import Unsupported, sync
 from longca.masks.forms import varlen_form, window_form
 from longca.masks.mask import Mask
 
@@ -104,13 +104,6 @@ def dense_from_intervals(bounds: np.ndarray, layers: int, seqlen_q: int, seqlen_
 def first_output(result):
     """Some flash interfaces return (out, lse): keep out."""
     return result[0] if isinstance(result, (tuple, list)) else result
-
-
-def sync(device) -> None:
-    import torch
-
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def packed(varlen_call, batch: int, seqlen: int):

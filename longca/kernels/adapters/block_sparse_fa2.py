@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from longca.kernels.base import Capabilities, Prepared, Unsupported, block_layout
+from longca.kernels.base import Capabilities, Prepared, Unsupported, block_layout, sync
 from longca.kernels.registry import register
 from longca.masks.mask import Mask
 
@@ -61,8 +61,7 @@ class BlockSparseFA2:
         base_blockmask = per_query_head[None].expand(batch, -1, -1, -1).contiguous()
         head_mask_type = torch.ones(heads_q, dtype=torch.int32, device=device)
         cu_seqlens = torch.arange(0, (batch + 1) * s, s, dtype=torch.int32, device=device)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        sync(device)
         build_s = time.perf_counter() - t0
 
         def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

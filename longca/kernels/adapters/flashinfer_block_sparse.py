@@ -22,7 +22,7 @@ import time
 import numpy as np
 import torch
 
-from longca.kernels.base import Capabilities, Prepared, Unsupported, block_layout
+from longca.kernels.base import Capabilities, Prepared, Unsupported, block_layout, sync
 from longca.kernels.registry import register
 from longca.masks.mask import Mask
 
@@ -65,8 +65,7 @@ class FlashInferBlockSparse:
                      block_col_sz=torch.from_numpy(np.tile(cols, (heads_kv, 1))),
                      num_qo_heads=heads_q, num_kv_heads=heads_kv, head_dim=head_dim,
                      q_data_type=dtype, kv_data_type=dtype)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        sync(device)
         build_s = time.perf_counter() - t0
 
         def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

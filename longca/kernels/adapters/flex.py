@@ -33,7 +33,7 @@ import time
 
 import torch
 
-from longca.kernels.base import Capabilities, Prepared, Unsupported
+from longca.kernels.base import Capabilities, Prepared, Unsupported, sync
 from longca.kernels.registry import register
 from longca.masks.mask import Mask
 
@@ -138,11 +138,6 @@ def kernel_options_for(block_size: int) -> dict[str, int] | None:
     return {"fwd_BLOCK_M": block_size, "fwd_BLOCK_N": block_size}
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 class FlexAttention:
     name = "flex"
     layout = "bhsd"
@@ -181,7 +176,7 @@ class FlexAttention:
         forward_only = not grad and not backward_runs_at(block_size, head_dim, dtype, device)
         block_mask = to_block_mask(mask, block_size=block_size, device=device,
                                    heads_q=heads_q if mask.per_head else None, backward=not forward_only)
-        _sync(device)
+        sync(device)
         build_s = time.perf_counter() - t0
 
         def call(q, k, v):

@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from longca.kernels.base import Capabilities, Prepared
+from longca.kernels.base import Capabilities, Prepared, sync
 from longca.kernels.registry import register
 from longca.masks.mask import Mask
 
@@ -46,8 +46,7 @@ class TritonBlockSparse:
         device = torch.device(device)
         t0 = time.perf_counter()
         plan = build_plan(mask.blocks, device, config or default_config(head_dim, mask.blocks.uniform_block))
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        sync(device)
         build_s = time.perf_counter() - t0
 
         def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

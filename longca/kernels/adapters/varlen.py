@@ -17,8 +17,8 @@ import time
 
 import torch
 
-from longca.kernels.adapters._flash_args import flash_mask_args, sync
-from longca.kernels.base import Capabilities, Prepared, Unsupported
+from longca.kernels.adapters._flash_args import flash_mask_args
+from longca.kernels.base import Capabilities, Prepared, Unsupported, sync
 from longca.kernels.registry import register
 from longca.masks.mask import Mask
 

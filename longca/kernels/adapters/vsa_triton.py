@@ -25,7 +25,7 @@ from types import ModuleType
 
 import torch
 
-from longca.kernels.base import Capabilities, Prepared, Unsupported, block_layout
+from longca.kernels.base import Capabilities, Prepared, Unsupported, block_layout, sync
 from longca.kernels.registry import register
 from longca.masks.mask import Mask
 
@@ -109,8 +109,6 @@ class VsaTriton:
         layout = block_layout(self, mask, form, heads_q, heads_kv)
         if mask.seqlen_q % BLOCK or mask.seqlen_k != mask.seqlen_q:
             raise Unsupported(f"VSA takes S a multiple of {BLOCK} (S {mask.seqlen_q}x{mask.seqlen_k})")
-        if heads_q != heads_kv:
-            raise Unsupported(f"VSA has no GQA: cell has {heads_q}:{heads_kv}")
         kernels, index = vsa_modules()
         refusal = block_pointers_removed()
         if refusal:
@@ -121,8 +119,7 @@ class VsaTriton:
         q2k_index, q2k_num = index.map_to_index(block_map.int())
         k2q_index, k2q_num = index.map_to_index(block_map.transpose(-1, -2).contiguous().int())
         sizes = torch.full((layout.kept.shape[1],), BLOCK, dtype=torch.int32, device=device)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        sync(device)
         build_s = time.perf_counter() - t0
         tables = (kernels, (q2k_index, q2k_num, k2q_index, k2q_num, sizes))
 
