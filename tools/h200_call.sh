@@ -116,6 +116,17 @@ cp_sweeps() {  # CP on all GPUs until the call's time is up, the sweeps in prior
   done
 }
 
+# A probe: SPEC's cells (RUN_ARGS narrow them) run on GPU 0 into a scratch results folder, never the
+# committed one, and come back as OUTDIR/NAME.parquet (log: NAME.log).
+scratch_run() {  # NAME SPEC [RUN_ARGS...]
+  local name=$1 spec=$2; shift 2
+  rm -rf "/tmp/$name-results"
+  CUDA_VISIBLE_DEVICES=0 timeout -k 10 -s TERM "$(capped 420)" python3 -m longca.cli run --spec "$spec" "$@" \
+    --results "/tmp/$name-results" > "$logs/$name.log" 2>&1
+  python3 -m longca.cli aggregate --spec "$spec" --results "/tmp/$name-results" --present-only \
+    --out "$out/$name.parquet" >> "$logs/$name.log" 2>&1
+}
+
 run_stage() {
 case "$1" in
   single)  # the rest of the dense matrix, Flex to 512K, long context, baselines (FA4 needed)
@@ -156,19 +167,10 @@ case "$1" in
     CUDA_VISIBLE_DEVICES=0 timeout "$(capped 120)" python3 benchmarks/sparse_triton.py "$logs/sparse_goal" \
       --budget-s 60 --no-check --no-tune --tune-only > "$logs/sparse_goal.log" 2>&1 ;;
   dense_probe)
-    rm -rf /tmp/probe-results
-    CUDA_VISIBLE_DEVICES=0 timeout -k 10 -s TERM "$(capped 420)" python3 -m longca.cli run --spec specs/h200.yaml \
-      --sweep dense --only kernel=sdpa_cudnn --only "seqlen=${PROBE_SEQLEN:-32K}" --results /tmp/probe-results \
-      > "$logs/dense_probe.log" 2>&1
-    python3 -m longca.cli aggregate --spec specs/h200.yaml --results /tmp/probe-results --present-only \
-      --out "$out/dense-probe.parquet" >> "$logs/dense_probe.log" 2>&1 ;;
+    scratch_run dense-probe specs/h200.yaml --sweep dense --only kernel=sdpa_cudnn --only "seqlen=${PROBE_SEQLEN:-32K}" ;;
   efficiency_probe)
     run_stage dense_probe
-    rm -rf /tmp/efficiency-results
-    CUDA_VISIBLE_DEVICES=0 timeout -k 10 -s TERM "$(capped 420)" python3 -m longca.cli run \
-      --spec specs/h200-efficiency-probe.yaml --results /tmp/efficiency-results > "$logs/efficiency_probe.log" 2>&1
-    python3 -m longca.cli aggregate --spec specs/h200-efficiency-probe.yaml --results /tmp/efficiency-results \
-      --present-only --out "$out/efficiency-probe.parquet" >> "$logs/efficiency_probe.log" 2>&1 ;;
+    scratch_run efficiency-probe specs/h200-efficiency-probe.yaml ;;
   fidelity)
     CUDA_VISIBLE_DEVICES=0 timeout "$(capped 240)" python3 benchmarks/timer_fidelity.py "$logs/fidelity.json" --rounds "${FIDELITY_ROUNDS:-3}" > "$logs/fidelity.log" 2>&1 ;;
   checks)
