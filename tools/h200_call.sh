@@ -34,6 +34,10 @@
 #                       protocol (warm-up cut at 50 ms, 10-50 timed calls in 2 s, backward on one
 #                       retained graph) into another scratch folder, returned as
 #                       OUTDIR/efficiency-probe.parquet (no FA4 needed)
+#     efficiency_range  the probe spec's dense_range sweep (cuDNN, then Flex: 4 masks x 1K-48K, GQA,
+#                       fwd and bwd) under the same protocol, one process per kernel, into a scratch
+#                       folder, returned as OUTDIR/efficiency-range.parquet; each process's whole
+#                       wall (start-up included) is logged as `process wall` (no FA4 needed)
 set -u
 out=${1:?outdir}; stage=${2:?stage}; limit=${3:-480}
 start=$SECONDS
@@ -118,11 +122,16 @@ cp_sweeps() {  # CP on all GPUs until the call's time is up, the sweeps in prior
 
 # A probe: SPEC's cells (RUN_ARGS narrow them) run on GPU 0 into a scratch results folder, never the
 # committed one, and come back as OUTDIR/NAME.parquet (log: NAME.log).
+# The process's whole wall, Python start-up included, is the log's last `process wall` line: the
+# denominator of a sweep's efficiency, which cell walls alone understate. KEEP=1 adds to the
+# scratch folder instead of emptying it (several processes, one returned file).
 scratch_run() {  # NAME SPEC [RUN_ARGS...]
-  local name=$1 spec=$2; shift 2
-  rm -rf "/tmp/$name-results"
-  CUDA_VISIBLE_DEVICES=0 timeout -k 10 -s TERM "$(capped 420)" python3 -m longca.cli run --spec "$spec" "$@" \
-    --results "/tmp/$name-results" > "$logs/$name.log" 2>&1
+  local name=$1 spec=$2 t0; shift 2
+  [ "${KEEP:-0}" = 1 ] || rm -rf "/tmp/$name-results"
+  t0=$(date +%s.%N)
+  CUDA_VISIBLE_DEVICES=0 timeout -k 10 -s TERM "$(capped "${CAP:-420}")" python3 -m longca.cli run --spec "$spec" "$@" \
+    --results "/tmp/$name-results" >> "$logs/$name.log" 2>&1
+  echo "process wall $(python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f}')" "$t0" "$(date +%s.%N)") s: $*" >> "$logs/$name.log"
   python3 -m longca.cli aggregate --spec "$spec" --results "/tmp/$name-results" --present-only \
     --out "$out/$name.parquet" >> "$logs/$name.log" 2>&1
 }
@@ -170,7 +179,10 @@ case "$1" in
     scratch_run dense-probe specs/h200.yaml --sweep dense --only kernel=sdpa_cudnn --only "seqlen=${PROBE_SEQLEN:-32K}" ;;
   efficiency_probe)
     run_stage dense_probe
-    scratch_run efficiency-probe specs/h200-efficiency-probe.yaml ;;
+    scratch_run efficiency-probe specs/h200-efficiency-probe.yaml --sweep dense_efficient ;;
+  efficiency_range)
+    scratch_run efficiency-range specs/h200-efficiency-probe.yaml --sweep dense_range --only kernel=sdpa_cudnn
+    KEEP=1 scratch_run efficiency-range specs/h200-efficiency-probe.yaml --sweep dense_range --only kernel=flex ;;
   fidelity)
     CUDA_VISIBLE_DEVICES=0 timeout "$(capped 240)" python3 benchmarks/timer_fidelity.py "$logs/fidelity.json" --rounds "${FIDELITY_ROUNDS:-3}" > "$logs/fidelity.log" 2>&1 ;;
   checks)

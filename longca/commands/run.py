@@ -30,7 +30,9 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.outputs:
         return run_chunk(args.spec, args.outputs, args.results, args.launcher)
-    _, jobs = plan_jobs(load_spec(args.spec), args.results, retry=frozenset(args.retry))
+    spec = load_spec(args.spec)
+    _check_selection(spec, args.sweep, args.only)
+    _, jobs = plan_jobs(spec, args.results, retry=frozenset(args.retry))
     if args.shard:
         try:
             i, n = (int(x) for x in args.shard.split("/"))
@@ -52,6 +54,29 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_selection(spec, sweeps: list[str] | None, only: list[str]) -> None:
+    """A --sweep or --only value that matches no cell of the spec is a typo: say so before any run
+    instead of silently running nothing."""
+    from longca.spec.cells import expand
+
+    cells = expand(spec)
+    names = sorted({c.sweep for c in cells})
+    for name in sweeps or []:
+        if name not in names:
+            raise ValueError(f"--sweep {name!r}: no such sweep in {spec.name!r}; allowed: {', '.join(names)}")
+    if sweeps:
+        cells = [c for c in cells if c.sweep in sweeps]
+    for key, values in _wanted(only).items():
+        present = {_value_of(c, key) for c in cells}
+        for v in sorted(values - present):
+            raise ValueError(f"--only {key}={v}: no cell of the selected sweeps has it; allowed: "
+                             f"{', '.join(sorted(present, key=_natural))}")
+
+
+def _natural(s: str):
+    return (len(s), s) if s.isdigit() else (0, s)
+
+
 def _config_index(cell) -> int:
     """A stable number for the cell's configuration: its partition without the pass."""
     import hashlib
@@ -60,7 +85,10 @@ def _config_index(cell) -> int:
     return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16)
 
 
-def _filter(only: list[str]):
+_ONLY_KEYS = "kernel, mask, seqlen, heads, head_dim, dtype, pass, batch, cp_mechanism, world_size"
+
+
+def _wanted(only: list[str]) -> dict[str, set[str]]:
     from longca.spec.load import DTYPE_ALIASES, parse_seqlen
 
     wanted: dict[str, set[str]] = {}
@@ -73,14 +101,18 @@ def _filter(only: list[str]):
         elif key == "dtype":
             value = DTYPE_ALIASES.get(value, value)
         wanted.setdefault(key, set()).add(value)
+    return wanted
 
-    def value_of(cell, key):
-        if key == "heads":
-            return f"{cell.heads_q}:{cell.heads_kv}"
-        attr = {"pass": "pass_"}.get(key, key)
-        if not hasattr(cell, attr):
-            raise ValueError(f"--only: unknown key {key!r}; allowed: kernel, mask, seqlen, heads, head_dim, dtype, "
-                             "pass, batch, cp_mechanism, world_size")
-        return str(getattr(cell, attr))
 
-    return lambda cell: all(value_of(cell, k) in vals for k, vals in wanted.items())
+def _value_of(cell, key: str) -> str:
+    if key == "heads":
+        return f"{cell.heads_q}:{cell.heads_kv}"
+    attr = {"pass": "pass_"}.get(key, key)
+    if key not in _ONLY_KEYS.split(", ") or not hasattr(cell, attr):
+        raise ValueError(f"--only: unknown key {key!r}; allowed: {_ONLY_KEYS}")
+    return str(getattr(cell, attr))
+
+
+def _filter(only: list[str]):
+    wanted = _wanted(only)
+    return lambda cell: all(_value_of(cell, k) in vals for k, vals in wanted.items())
