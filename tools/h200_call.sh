@@ -38,6 +38,10 @@
 #                       fwd and bwd) under the same protocol, one process per kernel, into a scratch
 #                       folder, returned as OUTDIR/efficiency-range.parquet; each process's whole
 #                       wall (start-up included) is logged as `process wall` (no FA4 needed)
+#     efficiency_sweep  the dense_range sweep as a user runs it: both kernels in one process (they
+#                       share correctness references), returned as OUTDIR/efficiency-sweep.parquet
+#     flex_retained     whether compiled Flex runs several backwards on one retained graph
+#                       (benchmarks/flex_retained_graph.py, GPU 0), log flex-retained.log
 set -u
 out=${1:?outdir}; stage=${2:?stage}; limit=${3:-480}
 start=$SECONDS
@@ -183,6 +187,11 @@ case "$1" in
   efficiency_range)
     scratch_run efficiency-range specs/h200-efficiency-probe.yaml --sweep dense_range --only kernel=sdpa_cudnn
     KEEP=1 scratch_run efficiency-range specs/h200-efficiency-probe.yaml --sweep dense_range --only kernel=flex ;;
+  efficiency_sweep)
+    scratch_run efficiency-sweep specs/h200-efficiency-probe.yaml --sweep dense_range ;;
+  flex_retained)
+    CUDA_VISIBLE_DEVICES=0 timeout -k 10 -s TERM "$(capped 120)" python3 benchmarks/flex_retained_graph.py \
+      > "$logs/flex-retained.log" 2>&1 ;;
   fidelity)
     CUDA_VISIBLE_DEVICES=0 timeout "$(capped 240)" python3 benchmarks/timer_fidelity.py "$logs/fidelity.json" --rounds "${FIDELITY_ROUNDS:-3}" > "$logs/fidelity.log" 2>&1 ;;
   checks)
