@@ -34,8 +34,9 @@
 #                       protocol (warm-up cut at 50 ms, 10-50 timed calls in 2 s, backward on one
 #                       retained graph) into another scratch folder, returned as
 #                       OUTDIR/efficiency-probe.parquet (no FA4 needed)
-#     efficiency_range  the probe spec's dense_range sweep (cuDNN, then Flex: 4 masks x 1K-48K, GQA,
-#                       fwd and bwd) under the same protocol, one process per kernel, into a scratch
+#     efficiency_range  the probe spec's dense_range sweep (or RANGE_SWEEP; kernels RANGE_KERNELS, default
+#                       cuDNN, then Flex: 4 masks x 1K-48K, GQA, fwd and bwd) under the same
+#                       protocol, one process per kernel, into a scratch
 #                       folder, returned as OUTDIR/efficiency-range.parquet; each process's whole
 #                       wall (start-up included) is logged as `process wall` (no FA4 needed)
 #     efficiency_sweep  the dense_range sweep as a user runs it: both kernels in one process (they
@@ -184,9 +185,12 @@ case "$1" in
   efficiency_probe)
     run_stage dense_probe
     scratch_run efficiency-probe specs/h200-efficiency-probe.yaml --sweep dense_efficient ;;
-  efficiency_range)
-    scratch_run efficiency-range specs/h200-efficiency-probe.yaml --sweep dense_range --only kernel=sdpa_cudnn
-    KEEP=1 scratch_run efficiency-range specs/h200-efficiency-probe.yaml --sweep dense_range --only kernel=flex ;;
+  efficiency_range)  # one process per kernel, as Snakemake would run one job per kernel
+    local k keep=0
+    for k in ${RANGE_KERNELS:-sdpa_cudnn flex}; do
+      KEEP=$keep scratch_run efficiency-range specs/h200-efficiency-probe.yaml --sweep "${RANGE_SWEEP:-dense_range}" --only "kernel=$k"
+      keep=1
+    done ;;
   efficiency_sweep)
     scratch_run efficiency-sweep specs/h200-efficiency-probe.yaml --sweep dense_range ;;
   flex_retained)

@@ -55,7 +55,7 @@ class Capabilities:
     block_sizes: frozenset[int] | None = None
     # Backward may run again on one forward's graph (retain_graph=True), which a sweep can ask for
     # with `repeat.backward: retained_graph`. False for a kernel whose backward frees what its forward
-    # saved (compiled graphs with donated buffers do; compiled Flex refused it on the H200).
+    # saved (compiled graphs with donated buffers do). benchmarks/flex_retained_graph.py checks it.
     retained_backward: bool = True
 
     def __post_init__(self) -> None:
