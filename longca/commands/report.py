@@ -11,6 +11,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                    "result Parquet files.")
     p.add_argument("--data", action="append", required=True, metavar="PARQUET",
                    help="result rows: a Parquet file or a directory of them (repeat for more)")
+    p.add_argument("--probe", action="append", default=[], metavar="PARQUET",
+                   help="rows of protocol probes: shown only in the Status page's measurement-time tables, "
+                        "never drawn (repeatable)")
     p.add_argument("--spec", metavar="SPEC.yaml", help="the spec that produced the rows, shown on the provenance page")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory, e.g. reports/<spec>/")
     p.add_argument("--title", help="site title (default: 'longca: <spec>')")
@@ -23,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     from longca.report import build_report  # heavy imports (altair, vl-convert) only when used
 
     built = build_report(args.data, args.out, spec=args.spec, title=args.title, png=not args.no_png,
-                         peers_path=args.peers)
+                         peers_path=args.peers, probe=args.probe)
     print(f"wrote {len(built.pages)} pages and {len(built.charts)} charts to {built.out} "
           f"in {built.timings['total']:.1f} s; open {built.out / 'index.html'}")
     return 0

@@ -93,7 +93,7 @@ def _overview(c: pl.DataFrame, rows: pl.DataFrame, spec_name: str) -> tuple[Page
     if frac.height:
         summary = (frac.group_by("mask", "pass", "shape", "machine").agg(
             pl.col("fraction").min().alias("min fraction"), pl.col("fraction").max().alias("max fraction"),
-            pl.col("seqlen_q").n_unique().alias("lengths")).sort("mask", "pass"))
+            pl.col("seqlen_q").n_unique().alias("lengths")).sort("mask", "pass", "shape", "machine"))
         page.table(_table(summary, summary.columns, numeric=["min fraction", "max fraction", "lengths"]))
     return page, page.charts()
 
@@ -179,7 +179,7 @@ def _family_pages(c: pl.DataFrame, peer: pl.DataFrame) -> list[Page]:
     return [p_sparse, p_cp, p_lin]
 
 
-def _status_page(rows: pl.DataFrame, c: pl.DataFrame) -> Page:
+def _status_page(rows: pl.DataFrame, c: pl.DataFrame, probe: pl.DataFrame | None = None) -> Page:
     page = Page("status.html", "Status", "Cells that are not ok")
     bad = queries.non_ok(rows, c)
     withheld = queries.partly_failed(c)
@@ -188,15 +188,20 @@ def _status_page(rows: pl.DataFrame, c: pl.DataFrame) -> Page:
                                                     "are withheld from the charts too." if withheld else ""))
     if bad.height:
         page.table(_table(bad, _NON_OK_COLS, numeric=["seqlen_q", "batch", "world_size", "rows"]))
-    spent = queries.measurement_time(rows)
+    # Protocol probes (rows measured only to see where a sweep's time goes) join these tables alone
+    timing_rows = rows if probe is None else pl.concat([rows, probe], how="diagonal_relaxed")
+    spent = queries.measurement_time(timing_rows)
     if spent.height:
         page.h2("Measurement time")
         page.p("Per sweep: summed timed kernel time (every timed sample) over summed cell wall time (one wall "
                "clock per cell: inputs, masks, compilation, the correctness check, warm-up and timing). "
-               "Process start-up and scheduling lie outside the cells, so the sweep's own ratio is lower.")
+               "Process start-up and scheduling lie outside the cells, so the sweep's own ratio is lower."
+               + (" Rows marked (probe FILE) re-measure cells under another protocol to see where the time "
+                  "goes: they appear in these tables only, never in the charts, and are in data/probes.parquet."
+                  if probe is not None and probe.height else ""))
         page.table(_table(spent, ["spec", "sweep", "cells", "timed_s", "wall_s", "timed_share"],
                           numeric=["cells", "timed_s", "wall_s", "timed_share"]))
-    phases = queries.measurement_phases(rows)
+    phases = queries.measurement_phases(timing_rows)
     if phases.height:
         page.h2("Where the cell wall time goes")
         page.p("Per sweep, over the cells whose rows record phase times (result schema 2 on; older rows are left "
@@ -228,16 +233,19 @@ def _peers_page(peer: pl.DataFrame, path: Path | None) -> Page:
 
 
 def _provenance_page(rows: pl.DataFrame, data: Sequence[Path], spec: Path | None, spec_name: str,
-                     libs: dict[str, str], all_charts: list[ChartSpec], out: Path, title: str | None) -> Page:
+                     libs: dict[str, str], all_charts: list[ChartSpec], out: Path, title: str | None,
+                     probe: Sequence[Path] = ()) -> Page:
     page = Page("environment.html", "Environment & data", "Environment, provenance and downloads")
     page.h2("Where the numbers came from")
     env = queries.environments(rows)
     page.table(_table(env, ["env_id", *queries.ENV_FACTS, "rows", "run_ids", "first", "last"], numeric=["rows"]))
     page.h2("Downloads")
     page.links([("data/all.parquet", "every row (Parquet, longca result schema)"),
-                ("data/all.csv", "every row (CSV; lists written as [a, b, ...])")])
+                ("data/all.csv", "every row (CSV; lists written as [a, b, ...])"),
+                *([("data/probes.parquet", "protocol probe rows (Status page timing tables only)")] if probe else [])])
     page.h2("Reproduce")
-    cmd = ["longca", "report", *[a for d in data for a in ("--data", shown_path(d))]]
+    cmd = ["longca", "report", *[a for d in data for a in ("--data", shown_path(d))],
+           *[a for d in probe for a in ("--probe", shown_path(d))]]
     if spec is not None:
         cmd += ["--spec", shown_path(spec)]
     cmd += ["--out", shown_path(out)]
@@ -264,16 +272,23 @@ def _provenance_page(rows: pl.DataFrame, data: Sequence[Path], spec: Path | None
     return page
 
 
-def _write_data(table, out: Path) -> None:
+def _write_data(table, out: Path, probe_table=None) -> None:
     d = out / "data"
     d.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, d / "all.parquet")
     export.csv_safe(pl.from_arrow(table)).write_csv(d / "all.csv")
+    if probe_table is not None:
+        pq.write_table(probe_table, d / "probes.parquet")
 
 
 def build_report(data: Sequence[str | Path], out: str | Path, spec: str | Path | None = None,
-                 title: str | None = None, png: bool = True, peers_path: str | Path | None = None) -> Built:
-    """Write the whole static site for the rows in `data` under `out`; returns what was written."""
+                 title: str | None = None, png: bool = True, peers_path: str | Path | None = None,
+                 probe: Sequence[str | Path] = ()) -> Built:
+    """Write the whole static site for the rows in `data` under `out`; returns what was written.
+
+    `probe`: rows of protocol probes, shown only in the Status page's measurement-time tables (and
+    offered as data/probes.parquet), never drawn: they re-measure cells under another protocol.
+    """
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     out, data = Path(out), [Path(d) for d in data]
@@ -281,6 +296,11 @@ def build_report(data: Sequence[str | Path], out: str | Path, spec: str | Path |
     if spec_path is not None and not spec_path.is_file():
         raise FileNotFoundError(f"no such spec file: {spec_path}")
     table, rows = load.read_rows(data)
+    probe = [Path(p) for p in probe]
+    probe_table, probe_rows = load.read_rows(probe) if probe else (None, None)
+    if probe:  # named for their file: a probe may re-measure a committed sweep's own cells
+        probe_rows = pl.concat([load.read_rows([p])[1].with_columns(spec=pl.col("spec") + f" (probe {p.stem})")
+                                for p in probe], how="diagonal_relaxed")
     spec_names = rows.get_column("spec").drop_nulls().unique().sort().to_list()
     spec_name = spec_path.stem if spec_path else (", ".join(spec_names) or "results")
     site_title = title or f"longca: {spec_name}"
@@ -300,7 +320,7 @@ def build_report(data: Sequence[str | Path], out: str | Path, spec: str | Path |
 
     out.mkdir(parents=True, exist_ok=True)
     libs = assets.write(out)
-    _write_data(table, out)
+    _write_data(table, out, probe_table)
     timings["assets+data"] = time.perf_counter() - t0
     # the mask gallery renders in this process while the export workers render the charts
     with ThreadPoolExecutor(1) as pool:
@@ -314,8 +334,9 @@ def build_report(data: Sequence[str | Path], out: str | Path, spec: str | Path |
         p_gallery.gallery(images)
     else:
         p_gallery.p(message, "note")
-    site = [overview, *family, p_gallery, _status_page(rows, c), _peers_page(peer, Path(peers_path) if peers_path else None),
-            _provenance_page(rows, data, spec_path, spec_name, libs, all_charts, out, title)]
+    site = [overview, *family, p_gallery, _status_page(rows, c, probe_rows),
+            _peers_page(peer, Path(peers_path) if peers_path else None),
+            _provenance_page(rows, data, spec_path, spec_name, libs, all_charts, out, title, probe)]
     if mask_pages:
         masks_index = Page("masks.html", "Masks", "Per-mask throughput and memory")
         masks_index.links([(p.file, p.nav) for p in mask_pages])

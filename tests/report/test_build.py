@@ -111,3 +111,30 @@ def test_status_page_tables_phases_from_new_rows_beside_old_files(tmp_path: Path
     assert "old_sweep" in measured and "new_sweep" in measured  # timed share: every cell with a wall
     assert "new_sweep" in phases and "old_sweep" not in phases  # phases: only rows that record them
     assert "check_share" in phases and "rest_share" in phases
+
+
+def test_probe_rows_join_the_timing_tables_only(tmp_path: Path) -> None:
+    from longca.report import build_report
+    from longca.store.schema import to_table
+
+    base = dict(kernel="k", mask="full", seqlen_q=1024, seqlen_k=1024, batch=1, heads_q=8, heads_kv=8, head_dim=64,
+                dtype="bf16", status="ok", tflops=1.0, median_ms=1.0, device_name="dev", host="h", world_size=1,
+                samples_ms=[500.0], cell_wall_s=2.0, check_s=0.5, timer_wall_s=1.0, warmup_s=0.25)
+    pq.write_table(to_table([dict(base, spec="s", sweep="main_sweep", cell_id="m")]), tmp_path / "rows.parquet")
+    # a probe may re-measure the committed sweep's own cell: its rows stay apart, named for their file
+    pq.write_table(to_table([dict(base, spec="s", sweep="<probe>", cell_id="m", samples_ms=[1500.0])]),
+                   tmp_path / "probe.parquet")
+    built = build_report([tmp_path / "rows.parquet"], tmp_path / "site", png=False, probe=[tmp_path / "probe.parquet"])
+    status = (tmp_path / "site" / "status.html").read_text()
+    measured, phases = status.split("Where the cell wall time goes")
+    assert "s (probe probe)" in measured and "main_sweep" in measured and "s (probe probe)" in phases
+    assert "&lt;probe&gt;" in measured and "<probe>" not in status  # escaped like any row text
+    assert "0.75" in measured and "0.25" in measured  # each its own share: 1.5 s and 0.5 s of a 2 s wall
+    # never drawn: no chart holds a probe row, and the download of all rows has none
+    csvs = "".join(p.read_text() for p in (tmp_path / "site" / "charts").glob("*.csv"))
+    assert "main_sweep" in csvs and "probe" not in csvs
+    assert pl.read_parquet(tmp_path / "site" / "data" / "all.parquet").get_column("sweep").to_list() == ["main_sweep"]
+    assert pl.read_parquet(tmp_path / "site" / "data" / "probes.parquet").get_column("sweep").to_list() == ["<probe>"]
+    env = (tmp_path / "site" / "environment.html").read_text()
+    assert "--probe" in env and "data/probes.parquet" in env
+    assert built.charts  # the main rows are drawn

@@ -151,7 +151,8 @@ class FlexAttention:
         backward=True,  # CUDA only: on CPU the call raises Unsupported for inputs that need grad
         # benchmarks/flex_retained_graph.py on the H200 (torch 2.11, call 32): 3 backwards on one
         # retained graph give gradients bitwise equal to a fresh forward + backward's (4 masks, 4K).
-        # (A refusal in the first session, 9bbde11, predates this adapter's donated_buffer = False.)
+        # The first session's runner saw errors with it (9bbde11, calls 1 and 3; their text was not
+        # kept, so the cause is unknown). A cell where it fails is an `error` row, never a number.
         retained_backward=True,
     )
 
