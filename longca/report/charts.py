@@ -267,6 +267,9 @@ def sparse_chart(cells: pl.DataFrame, peers: pl.DataFrame, x: str) -> ChartSpec 
             p = p.join(df.select("pass").unique(), on="pass", how="semi")
             # a figure without a density belongs to no density panel: repeat it in each, labelled
             p = p.drop("density_label").join(df.select("pass", "density_label").unique(), on="pass")
+        # joins and unique() leave row order free: sort, so that a rebuild from the same rows is identical
+        p = p.sort([c for c in ("pass", "density_label", "block_label", "source", "kernel", "x_lo", "x_hi", "y_lo")
+                    if c in p.columns], nulls_last=True)
         layers += _peer_layers(p, xe.to_dict().get("title", x))
     chart, values = _layered_facet(layers, row="pass", column=panel)
     name = {"seqlen_q": "sequence length"}.get(x, x.replace("_", " "))
