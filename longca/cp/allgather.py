@@ -7,22 +7,23 @@ from __future__ import annotations
 import torch
 
 from longca.cp.comm import Comm
-from longca.cp.lse import merge_
+from longca.cp.local import acc_dtype
+from longca.cp.lse import Part, combine_parts, fold, parts_of
 from longca.cp.topology import Topology
 
 
 def allgather_fwd(q, k, v, subs, kernel, topo: Topology, comm: Comm):
+    """(out in q's dtype, lse in float32 / float64), the steps' parts combined once (as ring_fwd)."""
     r = topo.ring
     ks = comm.all_gather(k, r, topo.ring_group)
     vs = comm.all_gather(v, r, topo.ring_group)
-    a = torch.float64 if q.dtype == torch.float64 else torch.float32
     b, h, sq, _ = q.shape
-    out = torch.zeros(b, h, sq, v.shape[-1], device=q.device, dtype=a)
-    lse = torch.full((b, h, sq), float("-inf"), device=q.device, dtype=a)
+    shape, a = (b, h, sq, v.shape[-1]), acc_dtype(q.dtype)
+    parts: list[Part] = []
     for j in range(r):
         if not subs[j].empty:
-            merge_(out, lse, *kernel.fwd(q, ks[j], vs[j], subs[j]))
-    return out, lse
+            parts = fold(parts + parts_of(kernel, q, ks[j], vs[j], subs[j]), shape, a, q.device)
+    return combine_parts(parts, shape, q.dtype, a, q.device)
 
 
 def allgather_bwd(dout, q, k, v, out, lse, subs, kernel, topo: Topology, comm: Comm):

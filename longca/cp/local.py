@@ -6,7 +6,10 @@ Every local kernel offers
     bwd(dout, q, k, v, out, lse, sub) -> (dq, dk, dv)
 with q (B, Hq, Sq, D), k and v (B, Hkv, Sk, D) (Hq a multiple of Hkv), out float32 (float64 for
 float64 inputs) and lse of shape (B, Hq, Sq) in natural log, -inf on rows with no key. `fwd`
-returns new tensors that the caller owns: the ring merges later steps into the first step's in place.
+returns new tensors that the caller owns. A kernel may also offer
+    fwd_parts(q, k, v, sub) -> [longca.cp.lse.Part(out, lse, q0, q1), ...]
+its result as row ranges with out in the kernel's own dtype (sdpa: one part per rectangle), which
+the ring combines once at the end instead of widening and merging every step in float32.
 In `bwd`, `out` and `lse` are the GLOBAL (combined) output and LSE: with them every step's
 gradient is exactly its additive share (P = exp(S scale - lse) is the global softmax restricted
 to this step's keys; D = rowsum(dO * O) is global), as in ring-flash-attention.
@@ -219,11 +222,17 @@ class Flex:
                                         enable_gqa=q.shape[1] != k.shape[1], return_aux=AuxRequest(lse=True))
         return out, aux.lse
 
-    def fwd(self, q, k, v, sub):
+    def fwd_parts(self, q, k, v, sub) -> list:
+        """All rows as one part, out in the inputs' dtype (no float32 copy before the combination)."""
+        from longca.cp.lse import Part
+
         _check_heads(sub, k)
         out, lse = self._call(q, k, v, sub)
-        a = acc_dtype(q.dtype)
-        return out.to(a), lse.to(a)
+        return [Part(out, lse.to(acc_dtype(q.dtype)), 0, q.shape[2])]
+
+    def fwd(self, q, k, v, sub):
+        ((out, lse, _, _),) = self.fwd_parts(q, k, v, sub)
+        return out.to(acc_dtype(q.dtype)), lse
 
     def bwd(self, dout, q, k, v, out, lse, sub):
         if q.device.type != "cuda":
@@ -255,7 +264,9 @@ def rectangles(slices: np.ndarray) -> list[tuple[int, int, int, int, bool]]:
 
 class Sdpa:
     """torch's fused SDPA ops that take and return the log-sum-exp (flash = FA2 inside torch, or
-    cuDNN). GQA: KV heads are repeated to Hq for the call and their gradients summed back."""
+    cuDNN). GQA: K/V go to the ops with their own head count where the op computes GQA itself
+    (checked once per device, dtype and head dim against the ops on repeated K/V), else KV heads
+    are repeated to Hq for the call and their gradients summed back."""
 
     caps = LocalCaps(frozenset({"cuda"}), frozenset({"bfloat16", "float16"}),
                      frozenset({int(sl.Kind.FULL), int(sl.Kind.CAUSAL)}), "FULL / CAUSAL sub-masks only")
@@ -264,6 +275,7 @@ class Sdpa:
         self.backend = backend
         self.name = f"sdpa_{backend}"
         self._tmpl: dict[Any, Any] = {}
+        self._native: dict[Any, bool] = {}
 
     def prepare_check(self, slices: np.ndarray) -> None:
         rectangles(slices)
@@ -279,6 +291,18 @@ class Sdpa:
             r = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal, False, scale=scale)
         return r
 
+    def _bwd_op(self, do, q, k, v, o, lse, causal):
+        """(dq, dk, dv) of one rectangle; lse (B, H, Sq) float32, every tensor contiguous."""
+        tmpl = self._template(q)
+        if len(tmpl[1].shape) == 4:  # (B, H, S) or (B, H, S, 1) by backend
+            lse = lse.unsqueeze(-1)
+        sq, sk, scale = q.shape[2], k.shape[2], 1.0 / math.sqrt(q.shape[-1])
+        if self.backend == "flash":
+            return torch.ops.aten._scaled_dot_product_flash_attention_backward(
+                do, q, k, v, o, lse, tmpl[2], tmpl[3], sq, sk, 0.0, causal, tmpl[6], tmpl[7], scale=scale)
+        return torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
+            do, q, k, v, o, lse, tmpl[6], tmpl[7], None, tmpl[2], tmpl[3], sq, sk, 0.0, causal, scale=scale)
+
     def _template(self, q):
         """Auxiliary arguments of the backward ops (rng state, undefined varlen offsets), taken once
         from a tiny forward: with dropout 0 they carry no data."""
@@ -288,53 +312,84 @@ class Sdpa:
             self._tmpl[key] = self._fwd_op(t, t, t, False)
         return self._tmpl[key]
 
-    def fwd(self, q, k, v, sub):
-        g = _gqa(q, k)
-        b, hq, sq, d = q.shape
-        a = acc_dtype(q.dtype)
-        out = torch.zeros(b, hq, sq, v.shape[-1], device=q.device, dtype=a)
-        lse = torch.full((b, hq, sq), float("-inf"), device=q.device, dtype=a)
-        from longca.cp.lse import merge_
+    def native_gqa(self, q: torch.Tensor) -> bool:
+        """Whether the ops take K/V with fewer heads than Q and compute GQA themselves, as
+        F.scaled_dot_product_attention(enable_gqa=True) relies on: checked once per (device, dtype,
+        head dim) on a small problem against the same ops on repeated K/V, forward and backward,
+        causal and not. Repeating K/V to Hq costs a (B, Hq, S, D) copy of each per step at 64:8."""
+        key = (q.device, q.dtype, q.shape[-1])
+        if key not in self._native:
+            self._native[key] = self._check_native_gqa(q.device, q.dtype, q.shape[-1])
+        return self._native[key]
 
+    def _check_native_gqa(self, device, dtype, d) -> bool:
+        def rel(x, y):
+            return float((x.float() - y.float()).norm() / y.float().norm().clamp_min(1e-30))
+
+        gen = torch.Generator(device=device).manual_seed(0)
+        q, do = (torch.randn(1, 4, 256, d, generator=gen, device=device, dtype=dtype) for _ in range(2))
+        k, v = (torch.randn(1, 2, 256, d, generator=gen, device=device, dtype=dtype) for _ in range(2))
+        kr, vr = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+        try:
+            for causal in (False, True):
+                o, l_ = self._fwd_op(q, k, v, causal)[:2]
+                o_r, l_r = self._fwd_op(q, kr, vr, causal)[:2]
+                lse, o_r = l_r.reshape(1, 4, 256).float().contiguous(), o_r.contiguous()
+                g = self._bwd_op(do, q, k, v, o_r, lse, causal)
+                g_r = self._bwd_op(do, q, kr, vr, o_r, lse, causal)
+                g_r = (g_r[0], g_r[1].view(1, 2, 2, 256, d).sum(2), g_r[2].view(1, 2, 2, 256, d).sum(2))
+                errs = [rel(o, o_r), rel(l_.reshape(1, 4, 256), l_r.reshape(1, 4, 256))]
+                errs += [rel(a, b) for a, b in zip(g, g_r)]
+                if not all(e < 1e-2 for e in errs) or g[1].shape != k.shape:
+                    return False
+            return True
+        except Exception:  # noqa: BLE001 - an op that refuses GQA: repeat K/V instead
+            return False
+
+    def _kv(self, q, k, v, k0, k1):
+        """K/V columns [k0, k1) for the ops: as they are (native GQA or MHA), else repeated to Hq."""
+        g = _gqa(q, k)
+        kk, vv = k[:, :, k0:k1], v[:, :, k0:k1]
+        if g > 1 and not self.native_gqa(q):
+            kk, vv = kk.repeat_interleave(g, dim=1), vv.repeat_interleave(g, dim=1)
+        return kk, vv
+
+    def fwd_parts(self, q, k, v, sub) -> list:
+        """One part per rectangle: its rows' output in q's dtype and LSE in float32, combined later
+        (longca.cp.lse.combine_parts) with the other rectangles' and steps' parts."""
+        from longca.cp.lse import Part
+
+        b, hq = q.shape[:2]
+        parts = []
         for q0, q1, k0, k1, causal in sub.form:
-            kk = k[:, :, k0:k1].repeat_interleave(g, dim=1) if g > 1 else k[:, :, k0:k1]
-            vv = v[:, :, k0:k1].repeat_interleave(g, dim=1) if g > 1 else v[:, :, k0:k1]
-            r = self._fwd_op(q[:, :, q0:q1], kk, vv, causal)
-            o_p, l_p = r[0], r[1].reshape(b, hq, q1 - q0)
-            if len(sub.form) == 1 and (q0, q1) == (0, sq):
-                return o_p.to(a), l_p.to(a)
-            merge_(out[:, :, q0:q1], lse[:, :, q0:q1], o_p, l_p)
-        return out, lse
+            r = self._fwd_op(q[:, :, q0:q1], *self._kv(q, k, v, k0, k1), causal)
+            parts.append(Part(r[0], r[1].reshape(b, hq, q1 - q0).to(acc_dtype(q.dtype)), q0, q1))
+        return parts
+
+    def fwd(self, q, k, v, sub):
+        from longca.cp.lse import combine_parts
+
+        b, hq, sq, _ = q.shape
+        a = acc_dtype(q.dtype)
+        return combine_parts(self.fwd_parts(q, k, v, sub), (b, hq, sq, v.shape[-1]), a, a, q.device)
 
     def bwd(self, dout, q, k, v, out, lse, sub):
         g = _gqa(q, k)
         b, hq, sq, d = q.shape
         hk = k.shape[1]
         a = acc_dtype(q.dtype)
-        tmpl = self._template(q)
-        lse_shape = tmpl[1].shape  # (B, H, S) or (B, H, S, 1) by backend
         dq = torch.zeros(q.shape, device=q.device, dtype=a)
         dk = torch.zeros(k.shape, device=q.device, dtype=a)
         dv = torch.zeros(v.shape, device=q.device, dtype=a)
         o_in = out.to(q.dtype)
         do_in = dout.to(q.dtype)
-        scale = 1.0 / math.sqrt(d)
         for q0, q1, k0, k1, causal in sub.form:
-            kk = k[:, :, k0:k1].repeat_interleave(g, dim=1) if g > 1 else k[:, :, k0:k1]
-            vv = v[:, :, k0:k1].repeat_interleave(g, dim=1) if g > 1 else v[:, :, k0:k1]
-            ls = lse[:, :, q0:q1].float().contiguous()
-            if len(lse_shape) == 4:
-                ls = ls.unsqueeze(-1)
+            kk, vv = self._kv(q, k, v, k0, k1)
             # cuDNN wants dO laid out like O; contiguous pieces satisfy both ops.
-            args = tuple(x.contiguous() for x in (do_in[:, :, q0:q1], q[:, :, q0:q1], kk, vv, o_in[:, :, q0:q1])) + (ls,)
-            if self.backend == "flash":
-                gq, gk, gv = torch.ops.aten._scaled_dot_product_flash_attention_backward(
-                    *args, tmpl[2], tmpl[3], q1 - q0, k1 - k0, 0.0, causal, tmpl[6], tmpl[7], scale=scale)
-            else:
-                gq, gk, gv = torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
-                    *args, tmpl[6], tmpl[7], None, tmpl[2], tmpl[3], q1 - q0, k1 - k0, 0.0, causal, scale=scale)
+            args = tuple(x.contiguous() for x in (do_in[:, :, q0:q1], q[:, :, q0:q1], kk, vv, o_in[:, :, q0:q1]))
+            gq, gk, gv = self._bwd_op(*args, lse[:, :, q0:q1].float().contiguous(), causal)
             dq[:, :, q0:q1] += gq
-            if g > 1:
+            if gk.shape[1] != hk:  # repeated K/V: sum each group's gradients back to its KV head
                 gk = gk.view(b, hk, g, k1 - k0, d).sum(2)
                 gv = gv.view(b, hk, g, k1 - k0, -1).sum(2)
             dk[:, :, k0:k1] += gk
@@ -389,14 +444,19 @@ class TritonBlockSparse:
         self.tiles.add(sub.form[key].config.as_text())
         return sub.form[key]
 
-    def fwd(self, q, k, v, sub):
+    def fwd_parts(self, q, k, v, sub) -> list:
+        """All rows as one part, out in the inputs' dtype (no float32 copy before the combination)."""
+        from longca.cp.lse import Part
         from longca.kernels.triton_sparse.api import block_sparse_attn_fwd
 
         _check_heads(sub, k)
         _gqa(q, k)
-        a = acc_dtype(q.dtype)
         out, lse = block_sparse_attn_fwd(q, k, v, self._plan(sub, q))
-        return out.to(a), lse.to(a)
+        return [Part(out, lse.to(acc_dtype(q.dtype)), 0, q.shape[2])]
+
+    def fwd(self, q, k, v, sub):
+        ((out, lse, _, _),) = self.fwd_parts(q, k, v, sub)
+        return out.to(acc_dtype(q.dtype)), lse
 
     def bwd(self, dout, q, k, v, out, lse, sub):
         from longca.kernels.triton_sparse.api import block_sparse_attn_bwd

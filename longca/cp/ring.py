@@ -17,7 +17,8 @@ from __future__ import annotations
 import torch
 
 from longca.cp.comm import Comm
-from longca.cp.lse import merge_
+from longca.cp.local import acc_dtype
+from longca.cp.lse import Part, combine_parts, fold, parts_of
 from longca.cp.topology import Topology
 
 
@@ -38,9 +39,13 @@ def _schedule(topo: Topology):
 
 
 def ring_fwd(q, k, v, subs, kernel, topo: Topology, comm: Comm):
-    """(out, lse) of local q against every participant's KV; subs[j] is the sub-mask vs participant j."""
+    """(out, lse) of local q against every participant's KV; subs[j] is the sub-mask vs participant j.
+    out comes in q's dtype, lse in float32 (float64 for float64 inputs). Each step's result waits
+    as parts in the kernel's dtype and is combined once at the end (longca.cp.lse.combine_parts)."""
     c, n_w, i_next, i_prev, o_next, o_prev, source = _schedule(topo)
-    out = lse = None
+    b, h, sq, _ = q.shape
+    shape, a = (b, h, sq, v.shape[-1]), acc_dtype(q.dtype)
+    parts: list[Part] = []
     kv_outer = [k, v]
     for o in range(n_w):
         outer = comm.exchange(kv_outer, o_next, o_prev, topo.outer_group) if o < n_w - 1 else None
@@ -49,21 +54,12 @@ def ring_fwd(q, k, v, subs, kernel, topo: Topology, comm: Comm):
             inner = comm.exchange(kv, i_next, i_prev, topo.inner_group) if s < c - 1 else None
             sub = subs[source(o, s)]
             if not sub.empty:
-                o_s, l_s = kernel.fwd(q, kv[0], kv[1], sub)
-                if out is None:
-                    out, lse = o_s, l_s  # fresh tensors (local.py's contract): no copy
-                else:
-                    merge_(out, lse, o_s, l_s)
+                parts = fold(parts + parts_of(kernel, q, kv[0], kv[1], sub), shape, a, q.device)
             if inner is not None:
                 kv = inner.wait()
         if outer is not None:
             kv_outer = outer.wait()
-    if out is None:  # nothing attended at all: zero output, -inf LSE
-        b, h, sq, _ = q.shape
-        a = torch.float64 if q.dtype == torch.float64 else torch.float32
-        out = torch.zeros(b, h, sq, v.shape[-1], device=q.device, dtype=a)
-        lse = torch.full((b, h, sq), float("-inf"), device=q.device, dtype=a)
-    return out, lse
+    return combine_parts(parts, shape, q.dtype, a, q.device)
 
 
 def ring_bwd(dout, q, k, v, out, lse, subs, kernel, topo: Topology, comm: Comm):

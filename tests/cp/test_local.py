@@ -101,3 +101,86 @@ def test_flex_on_cuda_shares_the_adapter_compiled_flex_with_raised_recompile_lim
     assert fn is compiled_flex()
     assert torch._dynamo.config.recompile_limit >= RECOMPILE_LIMIT
     assert Flex()._flex(torch.device("cpu")) is not fn  # CPU runs eager flex (no CPU backward anyway)
+
+
+# ------------------------------------------------------- sdpa: rectangles, parts, GQA on the CPU
+import math  # noqa: E402
+
+from longca.cp.local import Sdpa  # noqa: E402
+
+
+class _SdpaOnCpuMath(Sdpa):
+    """Sdpa's own logic (rectangles, one part per rectangle, GQA with or without repeated K/V,
+    gradient sums) on the CPU: only the two CUDA aten ops are replaced, by the same math. On the
+    GPU every CP cell checks the real ops against the float32 reference."""
+
+    def __init__(self, takes_gqa: bool):
+        super().__init__("cudnn")
+        self.takes_gqa = takes_gqa
+        self.kv_heads_seen: set[int] = set()
+
+    def _scores(self, q, k, v, causal):
+        if k.shape[1] != q.shape[1]:
+            if not self.takes_gqa:
+                raise RuntimeError("this op wants as many K/V heads as Q heads")
+            g = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+        s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        if causal:  # top-left aligned: the rectangles' causal pieces are square
+            s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+        return s, v
+
+    def _fwd_op(self, q, k, v, causal):
+        self.kv_heads_seen.add(k.shape[1])
+        s, vv = self._scores(q, k, v, causal)
+        lse = torch.logsumexp(s, -1)
+        return (torch.softmax(s, -1) @ vv, lse, None, None, q.shape[2], k.shape[2], None, None, None)
+
+    def _bwd_op(self, do, q, k, v, o, lse, causal):
+        # as the real ops: P from the GLOBAL lse, D = rowsum(dO * O) from the GLOBAL output
+        b, hk, sk, d = k.shape
+        g = q.shape[1] // hk
+        s, vv = self._scores(q, k, v, causal)
+        kk = k.repeat_interleave(g, dim=1)
+        p = torch.exp(s - lse.reshape(s.shape[:3]).unsqueeze(-1))
+        ds = p * (do @ vv.transpose(-1, -2) - (do * o).sum(-1, keepdim=True)) / math.sqrt(d)
+        dq, dk, dv = ds @ kk, ds.transpose(-1, -2) @ q, p.transpose(-1, -2) @ do
+        if g > 1:  # only reached with K/V of their own heads when the op takes GQA
+            dk, dv = dk.view(b, hk, g, sk, d).sum(2), dv.view(b, hk, g, sk, -1).sum(2)
+        return dq, dk, dv
+
+
+@pytest.mark.parametrize("takes_gqa", [True, False])
+def test_sdpa_parts_and_gqa_match_naive_on_the_same_sub_mask(takes_gqa):
+    q, k, v, do = (t.float() for t in _inputs(s=16))
+    # a causal slice wider than tall (a full block beside a square triangle), a full block on
+    # other rows, and rows 12-16 with no key: three rectangles, two of them on rows 0-8
+    slices = sl.make_slices([(0, 8, 0, 12, sl.Kind.CAUSAL), (8, 12, 2, 6, sl.Kind.FULL)])
+    kernel, nv = _SdpaOnCpuMath(takes_gqa), Naive()
+    assert kernel.native_gqa(q) is takes_gqa
+    kernel.kv_heads_seen.clear()
+    sub, nsub = kernel.prepare(slices, 16, 16, CPU), nv.prepare(slices, 16, 16, CPU)
+    assert len(sub.form) == 3
+    parts = kernel.fwd_parts(q, k, v, sub)
+    assert [(p.q0, p.q1) for p in parts] == [(0, 8), (0, 8), (8, 12)]
+    out, lse = kernel.fwd(q, k, v, sub)
+    ref_out, ref_lse = nv.fwd(q, k, v, nsub)
+    assert rel_err(out, ref_out) < 1e-5
+    assert torch.allclose(lse[..., :12], ref_lse[..., :12], atol=1e-5) and torch.isinf(lse[..., 12:]).all()
+    grads = kernel.bwd(do, q, k, v, ref_out, ref_lse, sub)
+    for got, want in zip(grads, nv.bwd(do, q, k, v, ref_out, ref_lse, nsub)):
+        assert got.shape == want.shape and rel_err(got, want) < 1e-5
+    # K/V reach the ops with their own 2 heads only when the ops take GQA
+    assert kernel.kv_heads_seen == ({2} if takes_gqa else {4})
+
+
+def test_sdpa_native_gqa_check_refuses_an_op_that_computes_gqa_wrongly():
+    class _WrongGrouping(_SdpaOnCpuMath):
+        def _scores(self, q, k, v, causal):  # heads grouped blockwise instead of interleaved
+            if k.shape[1] != q.shape[1]:
+                g = q.shape[1] // k.shape[1]
+                k, v = k.repeat(1, g, 1, 1), v.repeat(1, g, 1, 1)
+            return super()._scores(q, k, v, causal)
+
+    q = torch.zeros(1, 4, 8, 8)
+    assert _WrongGrouping(takes_gqa=True).native_gqa(q) is False

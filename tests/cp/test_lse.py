@@ -58,3 +58,75 @@ def test_fused_merge_equals_the_eager_one_on_slice_views_and_empty_rows():
     assert torch.allclose(fo, eo, atol=1e-6) and torch.allclose(fl[torch.isfinite(fl)], el[torch.isfinite(el)], atol=1e-6)
     assert torch.equal(fo[:, :, :8], out0[:, :, :8]) and torch.equal(fo[:, :, 40:], out0[:, :, 40:])
     assert (fo[:, :, 8:11] == 0).all() and not fo.isnan().any()
+
+
+# --------------------------------------------------------------------- parts over row ranges
+from longca.cp.lse import MAX_PENDING_PARTS, Part, combine_parts, fold  # noqa: E402
+
+
+def _row_part(scores, v, rows, keys, dtype=torch.float64):
+    """The exact partial result of query rows [r0, r1) over key columns [c0, c1)."""
+    (r0, r1), (c0, c1) = rows, keys
+    o, l_ = _part(scores[..., r0:r1, :], v, c0, c1)
+    return Part(o.to(dtype), l_, r0, r1)
+
+
+def _reference(scores, v, cover):
+    """Softmax over exactly the keys each row's parts cover (keys outside them masked)."""
+    masked = torch.full_like(scores, float("-inf"))
+    for (r0, r1), (c0, c1) in cover:
+        masked[..., r0:r1, c0:c1] = scores[..., r0:r1, c0:c1]
+    return _part(masked, v, 0, scores.shape[-1])
+
+
+def test_parts_over_row_ranges_combine_to_the_softmax_of_their_keys():
+    g = torch.Generator().manual_seed(1)
+    scores = torch.randn(2, 3, 10, 16, generator=g, dtype=torch.float64)
+    v = torch.randn(2, 3, 16, 4, generator=g, dtype=torch.float64)
+    # rows 0-2 in no part; 2-6 one part; 4-10 a second part (overlap 4-6); 6-10 a third
+    cover = [((2, 6), (0, 5)), ((4, 10), (5, 9)), ((6, 10), (9, 16))]
+    parts = [_row_part(scores, v, r, c) for r, c in cover]
+    out, lse = combine_parts(parts, (2, 3, 10, 4), torch.float64, torch.float64, torch.device("cpu"))
+    ref_out, ref_lse = _reference(scores, v, cover)
+    assert torch.allclose(out, ref_out, atol=1e-13)
+    assert torch.allclose(lse[..., 2:], ref_lse[..., 2:], atol=1e-13)
+    assert (out[..., :2, :] == 0).all() and torch.isinf(lse[..., :2]).all()
+
+
+def test_parts_in_a_low_precision_dtype_are_combined_in_the_accumulator_and_written_once():
+    g = torch.Generator().manual_seed(2)
+    scores = torch.randn(1, 2, 8, 12, generator=g, dtype=torch.float64)
+    v = torch.randn(1, 2, 12, 4, generator=g, dtype=torch.float64)
+    cover = [((0, 8), (0, 6)), ((4, 8), (6, 12))]
+    parts = [_row_part(scores, v, r, c, dtype=torch.bfloat16) for r, c in cover]
+    out, lse = combine_parts(parts, (1, 2, 8, 4), torch.bfloat16, torch.float32, torch.device("cpu"))
+    assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
+    ref_out, _ = _reference(scores, v, cover)
+    # one rounding of each part and one of the result: bf16's 2^-8, not an accumulation of them
+    assert float((out.double() - ref_out).abs().max()) < 2 * 2 ** -8 * float(ref_out.abs().max()) + 1e-3
+
+
+def test_one_part_over_every_row_is_returned_without_a_copy():
+    o, l_ = torch.randn(1, 2, 5, 3), torch.randn(1, 2, 5)
+    out, lse = combine_parts([Part(o, l_, 0, 5)], (1, 2, 5, 3), torch.float32, torch.float32, torch.device("cpu"))
+    assert out is o and lse is l_
+
+
+def test_a_row_without_keys_in_its_only_part_gets_zero_even_if_the_kernel_left_garbage():
+    o = torch.full((1, 1, 3, 2), float("nan"))
+    l_ = torch.full((1, 1, 3), float("-inf"))
+    out, lse = combine_parts([Part(o, l_, 1, 4)], (1, 1, 4, 2), torch.float32, torch.float32, torch.device("cpu"))
+    assert (out == 0).all() and torch.isinf(lse).all()
+
+
+def test_fold_bounds_the_pending_parts_and_keeps_the_result():
+    g = torch.Generator().manual_seed(3)
+    scores = torch.randn(1, 2, 6, 24, generator=g, dtype=torch.float64)
+    v = torch.randn(1, 2, 24, 4, generator=g, dtype=torch.float64)
+    cover = [((0, 6), (4 * i, 4 * i + 4)) for i in range(6)]
+    parts: list = []
+    for r, c in cover:
+        parts = fold(parts + [_row_part(scores, v, r, c)], (1, 2, 6, 4), torch.float64, torch.device("cpu"))
+        assert len(parts) <= MAX_PENDING_PARTS
+    out, _ = combine_parts(parts, (1, 2, 6, 4), torch.float64, torch.float64, torch.device("cpu"))
+    assert torch.allclose(out, _reference(scores, v, cover)[0], atol=1e-13)
