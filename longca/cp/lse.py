@@ -2,7 +2,8 @@
 
 Each partial result is (out_i, lse_i) over a disjoint set of keys; the combined softmax output is
 out = sum_i exp(lse_i - L) out_i with L = log(sum_i exp(lse_i)). Rows with no key anywhere keep
-lse = -inf and out = 0 (no NaN). Shapes: out (B, H, S, D), lse (B, H, S).
+lse = -inf and out = 0 (no NaN). Shapes: out (B, H, S, D), lse (B, H, S). Partial results are
+`Part`s over row ranges, combined once (`combine_parts`): one pass per row segment, compiled on CUDA.
 """
 
 from __future__ import annotations
@@ -11,63 +12,6 @@ import warnings
 from typing import Any, NamedTuple, Sequence
 
 import torch
-
-
-def _merge_into(out: torch.Tensor, lse: torch.Tensor, out_i: torch.Tensor, lse_i: torch.Tensor) -> None:
-    lse_i = lse_i.to(lse.dtype)
-    new = torch.logaddexp(lse, lse_i)
-    finite = torch.isfinite(new)
-    safe = torch.where(finite, new, 0.0)
-    w_old = torch.where(finite, torch.exp(lse - safe), 0.0).unsqueeze(-1)
-    w_new = torch.where(finite, torch.exp(lse_i - safe), 0.0).unsqueeze(-1)
-    out.copy_(out * w_old + out_i.to(out.dtype) * w_new)
-    lse.copy_(new)
-
-
-_fused = None  # torch.compile(_merge_into) once per process, on CUDA only; False after it failed
-
-
-def _fused_merge():
-    global _fused
-    if _fused is None:
-        from longca.kernels.adapters.flex import raise_recompile_limits
-
-        raise_recompile_limits()  # every CP shape and slice view is a new guard set
-        _fused = torch.compile(_merge_into, dynamic=True)
-    return _fused
-
-
-def merge_(out: torch.Tensor, lse: torch.Tensor, out_i: torch.Tensor, lse_i: torch.Tensor,
-           fused: bool | None = None) -> None:
-    """In place: (out, lse) <- combination of (out, lse) and (out_i, lse_i). out/lse are float32+.
-
-    On CUDA (or with fused=True) the merge is one compiled kernel: read out and out_i, write out.
-    Eager it is about a dozen elementwise passes over (B, H, S, D) float32 tensors; at 32K tokens
-    and 64 heads per GPU that is ~9 GiB of memory traffic per merge, a few percent of a ring step.
-    """
-    global _fused
-    if (fused if fused is not None else out.is_cuda) and _fused is not False:
-        try:
-            _fused_merge()(out, lse, out_i, lse_i)
-            return
-        except torch.OutOfMemoryError:
-            raise
-        except Exception as exc:  # noqa: BLE001  a compiler failure must not cost the cell
-            warnings.warn(f"compiled LSE merge failed ({type(exc).__name__}: {str(exc)[:200]}); merging eagerly")
-            _fused = False
-    _merge_into(out, lse, out_i, lse_i)
-
-
-def combine(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Combine a list of (out_i, lse_i) into (out, lse) in float32 (or float64 if given)."""
-    if not parts:
-        raise ValueError("combine needs at least one partial result")
-    acc_dtype = torch.promote_types(parts[0][0].dtype, torch.float32)
-    out = torch.zeros_like(parts[0][0], dtype=acc_dtype)
-    lse = torch.full_like(parts[0][1], float("-inf"), dtype=acc_dtype)
-    for o, l in parts:
-        merge_(out, lse, o, l)
-    return out, lse
 
 
 # ------------------------------------------------------------------------------ deferred combination
@@ -116,9 +60,9 @@ def _segment_into(out: torch.Tensor, lse: torch.Tensor, outs: list[torch.Tensor]
 _fused_segment = None  # torch.compile(_segment_into) once per process, on CUDA only; False after it failed
 
 
-def _segment(out, lse, outs, lses) -> None:
+def _segment(out, lse, outs, lses, fused: bool | None = None) -> None:
     global _fused_segment
-    if out.is_cuda and _fused_segment is not False:
+    if (fused if fused is not None else out.is_cuda) and _fused_segment is not False:
         try:
             if _fused_segment is None:
                 from longca.kernels.adapters.flex import raise_recompile_limits
@@ -136,14 +80,16 @@ def _segment(out, lse, outs, lses) -> None:
 
 
 def combine_parts(parts: Sequence[Part], shape: tuple[int, int, int, int], out_dtype: torch.dtype,
-                  acc_dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+                  acc_dtype: torch.dtype, device: torch.device,
+                  fused: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out (B, H, S, Dv) in out_dtype, lse (B, H, S) in acc_dtype) from parts over row ranges.
 
     Rows are cut where any part starts or ends; each segment is one pass that reads every part
     covering it once and writes the output once (compiled on CUDA; a row whose parts all have
     lse = -inf gets out = 0 whatever a kernel left there). Rows
     no part covers get out = 0 and lse = -inf. One part covering all rows in the wanted dtypes is
-    returned as it is. Against merging each step into a float32 accumulator, a zigzag ring step
+    returned as it is. `fused`: compile the segment pass (default: on CUDA). Against merging each
+    step into a float32 accumulator, a zigzag ring step
     over half the rows at 2 ranks moves about a seventh of the bytes (notes/cp.md).
     """
     b, h, rows, dv = shape
@@ -159,7 +105,7 @@ def combine_parts(parts: Sequence[Part], shape: tuple[int, int, int, int], out_d
             lse[:, :, a:z].fill_(float("-inf"))
             continue
         _segment(out[:, :, a:z], lse[:, :, a:z], [p.out[:, :, a - p.q0:z - p.q0] for p in cover],
-                 [p.lse[:, :, a - p.q0:z - p.q0] for p in cover])
+                 [p.lse[:, :, a - p.q0:z - p.q0] for p in cover], fused)
     return out, lse
 
 
@@ -170,3 +116,13 @@ def fold(parts: list[Part], shape: tuple[int, int, int, int], acc_dtype: torch.d
         return parts
     out, lse = combine_parts(parts, shape, acc_dtype, acc_dtype, device)
     return [Part(out, lse, 0, shape[2])]
+
+
+def combine(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Combine full-row (out_i, lse_i) results into (out, lse) in float32 (float64 if given)."""
+    if not parts:
+        raise ValueError("combine needs at least one partial result")
+    o0 = parts[0][0]
+    acc = torch.promote_types(o0.dtype, torch.float32)
+    b, h, rows, dv = o0.shape
+    return combine_parts([Part(o, l_, 0, rows) for o, l_ in parts], (b, h, rows, dv), acc, acc, o0.device)
