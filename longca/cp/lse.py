@@ -84,13 +84,12 @@ def combine_parts(parts: Sequence[Part], shape: tuple[int, int, int, int], out_d
                   fused: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out (B, H, S, Dv) in out_dtype, lse (B, H, S) in acc_dtype) from parts over row ranges.
 
-    Rows are cut where any part starts or ends; each segment is one pass that reads every part
-    covering it once and writes the output once (compiled on CUDA; a row whose parts all have
-    lse = -inf gets out = 0 whatever a kernel left there). Rows
-    no part covers get out = 0 and lse = -inf. One part covering all rows in the wanted dtypes is
-    returned as it is. `fused`: compile the segment pass (default: on CUDA). Against merging each
-    step into a float32 accumulator, a zigzag ring step
-    over half the rows at 2 ranks moves about a seventh of the bytes (notes/cp.md).
+    Rows are cut where any part starts or ends. Each segment is one pass (compiled when `fused`,
+    by default on CUDA) that reads every part covering it once and writes the output once; a row
+    whose parts all have lse = -inf gets out = 0 whatever a kernel left there. Rows no part covers
+    get out = 0 and lse = -inf. A single part over all rows is returned as it is (cast only if its
+    dtypes differ). Against merging each step into a float32 accumulator, a zigzag ring forward at
+    2 ranks moves about a sixth of the bytes (notes/cp.md).
     """
     b, h, rows, dv = shape
     if len(parts) == 1 and (parts[0].q0, parts[0].q1) == (0, rows):
