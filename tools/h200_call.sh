@@ -41,6 +41,10 @@
 #                       wall (start-up included) is logged as `process wall` (no FA4 needed)
 #     efficiency_sweep  the dense_range sweep as a user runs it: both kernels in one process (they
 #                       share correctness references), returned as OUTDIR/efficiency-sweep.parquet
+#     cp_local          one rank's Ring P2P forward at a time on GPU 0 (benchmarks/cp_rank_local.py:
+#                       every participant's K/V in memory, nothing sent): its local work against
+#                       single-GPU cuDNN, causal and full, 32K and 64K per GPU, GQA and MHA, each
+#                       rank checked first; log cp_local.log, rows cp_local.json
 #     flex_retained     whether compiled Flex runs several backwards on one retained graph
 #                       (benchmarks/flex_retained_graph.py, GPU 0), log flex-retained.log
 set -u
@@ -193,6 +197,9 @@ case "$1" in
     done ;;
   efficiency_sweep)
     scratch_run efficiency-sweep specs/h200-efficiency-probe.yaml --sweep dense_range ;;
+  cp_local)
+    CUDA_VISIBLE_DEVICES=0 timeout -k 10 -s TERM "$(capped 300)" python3 benchmarks/cp_rank_local.py "$logs/cp_local.json" \
+      --masks causal full --tokens-per-gpu 32768 65536 --heads 64:8 64:64 > "$logs/cp_local.log" 2>&1 ;;
   flex_retained)
     CUDA_VISIBLE_DEVICES=0 timeout -k 10 -s TERM "$(capped 120)" python3 benchmarks/flex_retained_graph.py \
       > "$logs/flex-retained.log" 2>&1 ;;

@@ -74,3 +74,37 @@ class Comm:
         dist.reduce_scatter_tensor(out, stacked.reshape(-1, *stacked.shape[2:]).contiguous(), group=group)
         self.bytes_sent += (n - 1) * out.numel() * out.element_size()
         return out
+
+
+class LocalComm(Comm):
+    """Every ring participant's K/V held by one process, served as the forward's exchanges would
+    deliver them: one rank's Ring P2P or Ring all-gather forward then runs on one device, without
+    a process group, with exactly its own attention calls on the right data (its output can be
+    checked against the reference). For measuring a rank's local work where only one GPU exists;
+    nothing is sent, so `bytes_sent` stays 0. Plain rings only (no Ulysses, one window), forward only.
+    `kv_of[j]` = (k, v) of participant j; `me` = this rank's participant index."""
+
+    def __init__(self, kv_of: list[tuple[torch.Tensor, torch.Tensor]], me: int) -> None:
+        super().__init__(enabled=True)
+        self.kv_of, self.me = kv_of, me
+        self._held = {id(kv[0]): j for j, kv in enumerate(kv_of)}
+
+    def exchange(self, tensors: list[torch.Tensor], send_to: int, recv_from: int, group) -> Pending:
+        j = self._held.get(id(tensors[0]))
+        if j is None or len(tensors) != 2:
+            raise ValueError("LocalComm serves the forward's K/V exchanges only (no backward accumulators)")
+        # the previous participant holds, at every step, the KV one further back in the ring
+        return Pending(list(self.kv_of[(j - 1) % len(self.kv_of)]), None)
+
+    def all_to_all(self, chunks: list[torch.Tensor], me: int, group) -> list[torch.Tensor]:
+        if len(chunks) > 1:
+            raise ValueError("LocalComm has no Ulysses all-to-all (ulysses degree 1 only)")
+        return chunks
+
+    def all_gather(self, t: torch.Tensor, n: int, group) -> list[torch.Tensor]:
+        j = self._held.get(id(t))
+        if j is not None:
+            return [kv[0] for kv in self.kv_of]
+        if any(t is kv[1] for kv in self.kv_of):
+            return [kv[1] for kv in self.kv_of]
+        raise ValueError("LocalComm gathers the participants' K or V only")

@@ -134,7 +134,8 @@ class Plan:
 
 def build_plan(mechanism: str, degrees: dict[str, int] | None, slices: np.ndarray, sharding: Sharding,
                rank: int, heads_q: int, heads_kv: int, kernel: Any, device: torch.device,
-               comm: Comm | None = None, blocks: BlockLayout | None = None) -> Plan:
+               comm: Comm | None = None, blocks: BlockLayout | None = None,
+               topo: Topology | None = None) -> Plan:
     """Resolve degrees, create the groups, cut the mask for every (participant, participant) pair
     (on every rank, so support checks agree everywhere) and prepare this rank's sub-masks.
     `blocks`: the layout of a block-sparse mask (its `slices` are empty and ignored).
@@ -144,7 +145,8 @@ def build_plan(mechanism: str, degrees: dict[str, int] | None, slices: np.ndarra
     rep = ulysses.kv_replication(heads_q, heads_kv, u)
     if blocks is not None:  # checked before any group is created
         _check_blocks(blocks, kernel, sharding, heads_kv)
-    topo = Topology.build(world, rank, u, r, w)
+    # `topo`: a Topology without process groups, for one process playing one rank (LocalComm)
+    topo = topo or Topology.build(world, rank, u, r, w)
     layouts = layouts_of_groups(sharding.intervals, [topo.uly_members(i) for i in range(r)])
     if blocks is not None:
         return _block_plan(mechanism, blocks, layouts, topo, rep, heads_q, heads_kv, kernel, device, comm)
