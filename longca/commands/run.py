@@ -31,8 +31,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.outputs:
         return run_chunk(args.spec, args.outputs, args.results, args.launcher)
     spec = load_spec(args.spec)
-    _check_selection(spec, args.sweep, args.only)
-    _, jobs = plan_jobs(spec, args.results, retry=frozenset(args.retry))
+    cells, jobs = plan_jobs(spec, args.results, retry=frozenset(args.retry))
+    _check_selection(spec.name, cells, args.sweep, args.only)
     if args.shard:
         try:
             i, n = (int(x) for x in args.shard.split("/"))
@@ -54,16 +54,13 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_selection(spec, sweeps: list[str] | None, only: list[str]) -> None:
-    """A --sweep or --only value that matches no cell of the spec is a typo: say so before any run
-    instead of silently running nothing."""
-    from longca.spec.cells import expand
-
-    cells = expand(spec)
+def _check_selection(spec_name: str, cells: list, sweeps: list[str] | None, only: list[str]) -> None:
+    """A --sweep or --only value that matches no cell of the spec (`cells`: all of them) is a typo:
+    say so before any run instead of silently running nothing."""
     names = sorted({c.sweep for c in cells})
     for name in sweeps or []:
         if name not in names:
-            raise ValueError(f"--sweep {name!r}: no such sweep in {spec.name!r}; allowed: {', '.join(names)}")
+            raise ValueError(f"--sweep {name!r}: no such sweep in {spec_name!r}; allowed: {', '.join(names)}")
     if sweeps:
         cells = [c for c in cells if c.sweep in sweeps]
     for key, values in _wanted(only).items():
