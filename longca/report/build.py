@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import polars as pl
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 import longca
@@ -297,10 +298,12 @@ def build_report(data: Sequence[str | Path], out: str | Path, spec: str | Path |
         raise FileNotFoundError(f"no such spec file: {spec_path}")
     table, rows = load.read_rows(data)
     probe = [Path(p) for p in probe]
-    probe_table, probe_rows = load.read_rows(probe) if probe else (None, None)
-    if probe:  # named for their file: a probe may re-measure a committed sweep's own cells
-        probe_rows = pl.concat([load.read_rows([p])[1].with_columns(spec=pl.col("spec") + f" (probe {p.stem})")
-                                for p in probe], how="diagonal_relaxed")
+    probe_table = probe_rows = None
+    if probe:  # each file read once; its rows named for it (a probe may re-measure a committed sweep's cells)
+        read = [load.read_rows([p]) for p in probe]
+        probe_table = pa.concat_tables([t for t, _ in read])
+        probe_rows = pl.concat([r.with_columns(spec=pl.col("spec") + f" (probe {p.stem})")
+                                for p, (_, r) in zip(probe, read)], how="diagonal_relaxed")
     spec_names = rows.get_column("spec").drop_nulls().unique().sort().to_list()
     spec_name = spec_path.stem if spec_path else (", ".join(spec_names) or "results")
     site_title = title or f"longca: {spec_name}"
