@@ -30,7 +30,7 @@ def allgather_bwd(dout, q, k, v, out, lse, subs, kernel, topo: Topology, comm: C
     r = topo.ring
     ks = comm.all_gather(k, r, topo.ring_group)
     vs = comm.all_gather(v, r, topo.ring_group)
-    a = torch.float64 if q.dtype == torch.float64 else torch.float32
+    a = acc_dtype(q.dtype)
     dq = torch.zeros(q.shape, device=q.device, dtype=a)
     dk = torch.zeros((r, *k.shape), device=k.device, dtype=a)
     dv = torch.zeros((r, *v.shape), device=v.device, dtype=a)

@@ -65,7 +65,7 @@ def ring_fwd(q, k, v, subs, kernel, topo: Topology, comm: Comm):
 def ring_bwd(dout, q, k, v, out, lse, subs, kernel, topo: Topology, comm: Comm):
     """(dq, dk, dv) for local q, k, v; dK/dV accumulators (float32+) travel with the KV."""
     c, n_w, i_next, i_prev, o_next, o_prev, source = _schedule(topo)
-    a = torch.float64 if q.dtype == torch.float64 else torch.float32
+    a = acc_dtype(q.dtype)
     dq = torch.zeros(q.shape, device=q.device, dtype=a)
     kv_outer = [k, v]
     d_outer_pending = None  # accumulator for kv_outer arriving from the previous window
