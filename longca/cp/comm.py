@@ -102,8 +102,7 @@ class LocalComm(Comm):
         return chunks
 
     def all_gather(self, t: torch.Tensor, n: int, group) -> list[torch.Tensor]:
-        j = self._held.get(id(t))
-        if j is not None:
+        if id(t) in self._held:
             return [kv[0] for kv in self.kv_of]
         if any(t is kv[1] for kv in self.kv_of):
             return [kv[1] for kv in self.kv_of]
