@@ -82,7 +82,7 @@ def _config_index(cell) -> int:
     return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16)
 
 
-_ONLY_KEYS = "kernel, mask, seqlen, heads, head_dim, dtype, pass, batch, cp_mechanism, world_size"
+_ONLY_KEYS = ("kernel", "mask", "seqlen", "heads", "head_dim", "dtype", "pass", "batch", "cp_mechanism", "world_size")
 
 
 def _wanted(only: list[str]) -> dict[str, set[str]]:
@@ -105,8 +105,8 @@ def _value_of(cell, key: str) -> str:
     if key == "heads":
         return f"{cell.heads_q}:{cell.heads_kv}"
     attr = {"pass": "pass_"}.get(key, key)
-    if key not in _ONLY_KEYS.split(", ") or not hasattr(cell, attr):
-        raise ValueError(f"--only: unknown key {key!r}; allowed: {_ONLY_KEYS}")
+    if key not in _ONLY_KEYS or not hasattr(cell, attr):
+        raise ValueError(f"--only: unknown key {key!r}; allowed: {', '.join(_ONLY_KEYS)}")
     return str(getattr(cell, attr))
 
 
