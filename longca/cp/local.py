@@ -34,6 +34,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from longca.cp.lse import Part, combine_parts
 from longca.masks import slices as sl
 from longca.masks.blocks import BlockLayout
 
@@ -224,8 +225,6 @@ class Flex:
 
     def fwd_parts(self, q, k, v, sub) -> list:
         """All rows as one part, out in the inputs' dtype (no float32 copy before the combination)."""
-        from longca.cp.lse import Part
-
         _check_heads(sub, k)
         out, lse = self._call(q, k, v, sub)
         return [Part(out, lse.to(acc_dtype(q.dtype)), 0, q.shape[2])]
@@ -357,8 +356,6 @@ class Sdpa:
     def fwd_parts(self, q, k, v, sub) -> list:
         """One part per rectangle: its rows' output in q's dtype and LSE in float32, combined later
         (longca.cp.lse.combine_parts) with the other rectangles' and steps' parts."""
-        from longca.cp.lse import Part
-
         b, hq = q.shape[:2]
         parts = []
         for q0, q1, k0, k1, causal in sub.form:
@@ -367,8 +364,6 @@ class Sdpa:
         return parts
 
     def fwd(self, q, k, v, sub):
-        from longca.cp.lse import combine_parts
-
         b, hq, sq, _ = q.shape
         a = acc_dtype(q.dtype)
         return combine_parts(self.fwd_parts(q, k, v, sub), (b, hq, sq, v.shape[-1]), a, a, q.device)
@@ -446,7 +441,6 @@ class TritonBlockSparse:
 
     def fwd_parts(self, q, k, v, sub) -> list:
         """All rows as one part, out in the inputs' dtype (no float32 copy before the combination)."""
-        from longca.cp.lse import Part
         from longca.kernels.triton_sparse.api import block_sparse_attn_fwd
 
         _check_heads(sub, k)
