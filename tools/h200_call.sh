@@ -8,6 +8,10 @@
 #   stages (each runs only the cells still missing; calls 1-9 ran earlier stages, in git history):
 #     single            every single-GPU sweep of specs/h200.yaml but sparse and linear, sharded
 #                       over the GPUs (FA4 needed); RETRY="--retry error" reruns error rows
+#     dense             the dense sweep alone (FA4 needed), one `longca run` per GPU: since the
+#                       sweep-efficiency protocol (issue 4) every dense cell has a new digest; calls
+#                       continue it until complete. Each process's wall is logged as `process wall`
+#                       (tools/sweep_efficiency.py sums them against the rows' timed samples)
 #     sparse            the sparse sweep on all GPUs, Triton first, then Flex, then VSA's Triton
 #                       kernel (carry the vsa wheel and pytest's wheels in .whl/ for it), then
 #                       FlashInfer and block-sparse FA2 (unsupported rows where not installed)
@@ -81,7 +85,9 @@ gpu_seq() {  # $1: GPU index, $2: log name, then one quoted `longca run` argumen
   local g=$1 name=$2; shift 2
   for args in "$@"; do
     local s; s=$(upto "${PHASE_END:-$limit}"); [ "$s" -le 5 ] && break
+    local t0; t0=$(date +%s.%N)
     CUDA_VISIBLE_DEVICES=$g timeout -k 10 -s TERM "$s" python3 -m longca.cli run $args >> "$logs/$name.log" 2>&1
+    wall_line "$t0" "$args" >> "$logs/$name.log"
   done
 }
 sharded() {  # $1: log name, then `longca run` argument lists: run in order on every GPU at once,
@@ -129,6 +135,12 @@ cp_sweeps() {  # CP on all GPUs until the call's time is up, the sweeps in prior
   done
 }
 
+# `process wall S s: ARGS`: the wall of one `longca run` process from start-up to exit, the
+# denominator of a sweep's efficiency (tools/sweep_efficiency.py sums these lines over calls).
+wall_line() {  # $1: start (date +%s.%N), $2: the run's arguments
+  echo "process wall $(python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f}')" "$1" "$(date +%s.%N)") s: $2"
+}
+
 # A probe: SPEC's cells (RUN_ARGS narrow them) run on GPU 0 into a scratch results folder, never the
 # committed one, and come back as OUTDIR/NAME.parquet (log: NAME.log).
 # The process's whole wall, Python start-up included, is the log's last `process wall` line: the
@@ -140,7 +152,7 @@ scratch_run() {  # NAME SPEC [RUN_ARGS...]
   t0=$(date +%s.%N)
   CUDA_VISIBLE_DEVICES=0 timeout -k 10 -s TERM "$(capped "${CAP:-420}")" python3 -m longca.cli run --spec "$spec" "$@" \
     --results "/tmp/$name-results" >> "$logs/$name.log" 2>&1
-  echo "process wall $(python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f}')" "$t0" "$(date +%s.%N)") s: $*" >> "$logs/$name.log"
+  wall_line "$t0" "$*" >> "$logs/$name.log"
   python3 -m longca.cli aggregate --spec "$spec" --results "/tmp/$name-results" --present-only \
     --out "$out/$name.parquet" >> "$logs/$name.log" 2>&1
 }
@@ -151,6 +163,9 @@ case "$1" in
     sharded single "--spec specs/h200.yaml --sweep dense ${RETRY:-}" \
       "--spec specs/h200.yaml --sweep long --only kernel=flex" "--spec specs/h200.yaml --sweep long" \
       "--spec specs/h200.yaml --sweep dense_baselines"
+    cleanup ;;
+  dense)  # the dense sweep alone, as a user runs it: one `longca run` per GPU (FA4 needed)
+    sharded dense "--spec specs/h200.yaml --sweep dense ${RETRY:-}"
     cleanup ;;
   sparse)
     sharded sparse "--spec specs/h200.yaml --sweep sparse --only kernel=triton_block_sparse" \

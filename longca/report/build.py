@@ -180,7 +180,8 @@ def _family_pages(c: pl.DataFrame, peer: pl.DataFrame) -> list[Page]:
     return [p_sparse, p_cp, p_lin]
 
 
-def _status_page(rows: pl.DataFrame, c: pl.DataFrame, probe: pl.DataFrame | None = None) -> Page:
+def _status_page(rows: pl.DataFrame, c: pl.DataFrame, probe: pl.DataFrame | None = None,
+                 superseded: pl.DataFrame | None = None) -> Page:
     page = Page("status.html", "Status", "Cells that are not ok")
     bad = queries.non_ok(rows, c)
     withheld = queries.partly_failed(c)
@@ -189,8 +190,21 @@ def _status_page(rows: pl.DataFrame, c: pl.DataFrame, probe: pl.DataFrame | None
                                                     "are withheld from the charts too." if withheld else ""))
     if bad.height:
         page.table(_table(bad, _NON_OK_COLS, numeric=["seqlen_q", "batch", "world_size", "rows"]))
-    # Protocol probes (rows measured only to see where a sweep's time goes) join these tables alone
-    timing_rows = rows if probe is None else pl.concat([rows, probe], how="diagonal_relaxed")
+    if superseded is not None and superseded.height:
+        page.h2("Superseded measurements")
+        page.p("Cells measured again after their spec changed how they are measured (a new digest for the same "
+               "cell id): only each cell's latest measurement is drawn. The earlier rows stay in data/all.parquet "
+               "and appear in the measurement-time tables below, marked (superseded).")
+        old_cells = (queries.derive(superseded).group_by("spec", "sweep")
+                     .agg(pl.col("cell_key").n_unique().alias("cells"), pl.len().alias("rows"),
+                          pl.col("timestamp").max().dt.strftime("%Y-%m-%d").alias("last_measured"))
+                     .sort("spec", "sweep"))
+        page.table(_table(old_cells, ["spec", "sweep", "cells", "rows", "last_measured"], numeric=["cells", "rows"]))
+    # Protocol probes (rows measured only to see where a sweep's time goes) and superseded rows join
+    # these tables alone, each under its own label
+    extra = [f for f in (probe, None if superseded is None or not superseded.height
+                         else superseded.with_columns(spec=pl.col("spec") + " (superseded)")) if f is not None]
+    timing_rows = pl.concat([rows, *extra], how="diagonal_relaxed") if extra else rows
     spent = queries.measurement_time(timing_rows)
     if spent.height:
         page.h2("Measurement time")
@@ -297,6 +311,7 @@ def build_report(data: Sequence[str | Path], out: str | Path, spec: str | Path |
     if spec_path is not None and not spec_path.is_file():
         raise FileNotFoundError(f"no such spec file: {spec_path}")
     table, rows = load.read_rows(data)
+    rows, superseded = queries.supersede(rows)  # cells measured again under a newer protocol
     probe = [Path(p) for p in probe]
     probe_table = probe_rows = None
     if probe:  # each file read once; its rows named for it (a probe may re-measure a committed sweep's cells)
@@ -337,7 +352,7 @@ def build_report(data: Sequence[str | Path], out: str | Path, spec: str | Path |
         p_gallery.gallery(images)
     else:
         p_gallery.p(message, "note")
-    site = [overview, *family, p_gallery, _status_page(rows, c, probe_rows),
+    site = [overview, *family, p_gallery, _status_page(rows, c, probe_rows, superseded),
             _peers_page(peer, Path(peers_path) if peers_path else None),
             _provenance_page(rows, data, spec_path, spec_name, libs, all_charts, out, title, probe)]
     if mask_pages:

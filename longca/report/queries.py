@@ -53,6 +53,28 @@ def derive(rows: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def supersede(rows: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(current rows, superseded rows): when a spec changes how a cell is measured (its `repeat`
+    protocol, its check), the cell keeps its id but gets a new digest, and a rerun measures it again
+    beside the old rows. Per (spec, sweep, cell id without its digest, machine) only the digest
+    measured last is drawn; the earlier digests' rows are returned apart, for the Status page and
+    the downloads, never for the charts. Rows without a cell id or digest are always current."""
+    if not {"cell_id", "cell_digest", "timestamp"} <= set(rows.columns) or rows.height == 0:
+        return rows, rows.clear()
+    d = rows.with_columns(
+        _ident=pl.col("cell_id").str.replace(r"@[0-9a-f]+$", ""),
+        _machine=pl.concat_str([pl.col("device_name").fill_null(""), pl.lit("@"), pl.col("host").fill_null("")]),
+        _when=pl.col("timestamp").max().over("cell_digest"),
+    )
+    keyed = pl.col("cell_id").is_not_null() & pl.col("cell_digest").is_not_null()
+    latest = (d.filter(keyed).group_by("spec", "sweep", "_ident", "_machine")
+              .agg(pl.col("cell_digest").sort_by("_when").last().alias("_keep")))
+    d = d.join(latest, on=["spec", "sweep", "_ident", "_machine"], how="left")
+    old = keyed & pl.col("_keep").is_not_null() & (pl.col("cell_digest") != pl.col("_keep"))
+    helpers = ["_ident", "_machine", "_when", "_keep"]
+    return d.filter(~old).drop(helpers), d.filter(old).drop(helpers)
+
+
 def cells(rows: pl.DataFrame) -> pl.DataFrame:
     """One row per (cell, machine): descriptive fields, medians over samples, the worst status."""
     d = derive(rows)

@@ -138,3 +138,28 @@ def test_probe_rows_join_the_timing_tables_only(tmp_path: Path) -> None:
     env = (tmp_path / "site" / "environment.html").read_text()
     assert "--probe" in env and "data/probes.parquet" in env
     assert built.charts  # the main rows are drawn
+
+
+def test_superseded_rows_are_listed_and_timed_but_never_drawn(tmp_path: Path) -> None:
+    from datetime import datetime, timezone
+
+    from longca.report import build_report
+    from longca.store.schema import to_table
+
+    base = dict(spec="s", sweep="dense", kernel="k", mask="full", seqlen_q=1024, seqlen_k=1024, batch=1, heads_q=8,
+                heads_kv=8, head_dim=64, dtype="bf16", status="ok", median_ms=1.0, device_name="dev", host="h",
+                world_size=1, cell_wall_s=2.0)
+    old = dict(base, cell_id="k/full@aaaa", cell_digest="aaaa", tflops=111.0, samples_ms=[500.0],
+               timestamp=datetime(2026, 12, 1, tzinfo=timezone.utc))
+    new = dict(base, cell_id="k/full@bbbb", cell_digest="bbbb", tflops=222.0, samples_ms=[1500.0],
+               timestamp=datetime(2026, 12, 2, tzinfo=timezone.utc))
+    pq.write_table(to_table([new, old]), tmp_path / "rows.parquet")
+    build_report([tmp_path / "rows.parquet"], tmp_path / "site", png=False)
+    status = (tmp_path / "site" / "status.html").read_text()
+    assert "Superseded measurements" in status and "2026-12-01" in status
+    assert "s (superseded)" in status and "0.75" in status and "0.25" in status  # each protocol's own share
+    csvs = "".join(p.read_text() for p in (tmp_path / "site" / "charts").glob("*.csv"))
+    assert "222" in csvs and "111" not in csvs  # only the latest measurement is drawn
+    # the download keeps every row
+    assert sorted(pl.read_parquet(tmp_path / "site" / "data" / "all.parquet").get_column("tflops").to_list()) == [
+        111.0, 222.0]

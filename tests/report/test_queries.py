@@ -273,3 +273,44 @@ def test_fixture_rows_cover_every_family() -> None:
     assert queries.sparse_cells(c).height and queries.cp_cells(c).height
     assert queries.linear_vs_softmax(c)[0].height
     assert queries.non_ok(df, c).get_column("rows").sum() == df.filter(pl.col("status") != "ok").height
+
+
+def _stamped(digest: str, day: int, tflops: float, **kw: Any) -> dict[str, Any]:
+    """A row of cell 'k/full/1024/fwd' measured under the protocol whose digest is `digest`."""
+    from datetime import datetime, timezone
+
+    kw = {"spec": "s", "sweep": "dense", **kw}
+    return _row(tflops=tflops, cell_id=f"k/full/1024/fwd@{digest}", cell_digest=digest,
+                timestamp=datetime(2026, 12, day, tzinfo=timezone.utc), **kw)
+
+
+def test_supersede_draws_the_latest_protocol_of_a_cell_and_returns_the_rest() -> None:
+    rows = pl.from_arrow(to_table([_stamped("aaaa", 1, 10.0, mask_sample=0), _stamped("aaaa", 1, 12.0, mask_sample=1),
+                                   _stamped("bbbb", 3, 20.0), _row(tflops=5.0, spec="s", sweep="dense")]))
+    current, old = queries.supersede(rows)
+    assert sorted(old.get_column("tflops").to_list()) == [10.0, 12.0]  # both samples of the older digest
+    assert sorted(current.get_column("tflops").to_list()) == [5.0, 20.0]  # the newer digest; a row without one
+    assert current.columns == rows.columns and old.columns == rows.columns
+    assert queries.cells(current).filter(pl.col("cell_id").str.contains("@")).get_column("tflops").to_list() == [20.0]
+
+
+def test_supersede_is_decided_by_time_not_by_file_order() -> None:
+    rows = pl.from_arrow(to_table([_stamped("bbbb", 3, 20.0), _stamped("aaaa", 1, 10.0)]))
+    current, old = queries.supersede(rows)
+    assert current.get_column("cell_digest").to_list() == ["bbbb"]
+    assert old.get_column("cell_digest").to_list() == ["aaaa"]
+
+
+def test_supersede_keeps_each_machine_spec_and_sweep_apart() -> None:
+    rows = pl.from_arrow(to_table([
+        _stamped("aaaa", 1, 10.0), _stamped("bbbb", 3, 20.0, host="other"),  # same cell id, two machines
+        _stamped("cccc", 2, 30.0, sweep="long"),  # same cell id in another sweep
+    ]))
+    current, old = queries.supersede(rows)
+    assert old.height == 0 and current.height == 3
+
+
+def test_supersede_of_rows_without_digests_changes_nothing() -> None:
+    rows = pl.from_arrow(to_table([_row(tflops=1.0), _row(tflops=2.0, mask="causal")]))
+    current, old = queries.supersede(rows)
+    assert current.equals(rows) and old.height == 0
