@@ -98,9 +98,11 @@ def measure(mask_name, world, per_gpu, hq, hk, d, dtype, kernel, device, mechani
                           "tflops": attention_flops(area, hq, d, "fwd") / (t.median_ms * 1e-3) / 1e12})
     slowest = max(r["ms"] for r in ranks)
     per_gpu_tflops = attention_flops(mask.area, hq, d, "fwd") / (slowest * 1e-3 * world) / 1e12
+    # whether the local kernel passed GQA K/V unrepeated (sdpa decides once per device, dtype, head dim)
+    native = kernel.native_gqa(q) if hq != hk and hasattr(kernel, "native_gqa") else None
     return {"mask": mask_name, "world": world, "tokens_per_gpu": per_gpu, "seqlen": s, "heads": f"{hq}:{hk}",
             "head_dim": d, "mechanism": mechanism, "balance": BALANCE.get(mask_name, "zigzag"),
-            "kernel": kernel.name, "ranks": ranks, "cp_per_gpu_tflops": per_gpu_tflops}
+            "kernel": kernel.name, "native_gqa": native, "ranks": ranks, "cp_per_gpu_tflops": per_gpu_tflops}
 
 
 def main(argv: list[str] | None = None) -> int:

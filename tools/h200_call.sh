@@ -165,6 +165,8 @@ case "$1" in
       "--spec specs/h200.yaml --sweep dense_baselines"
     cleanup ;;
   dense)  # the dense sweep alone, as a user runs it: one `longca run` per GPU (FA4 needed)
+    # without the bundle FA4's cells would be recorded `unsupported: not installed` for good
+    [ -f .bundles/fa4.tar.xz ] || { echo "stage dense: carry .bundles (FA4); nothing run" | tee -a "$logs/dense-0.log"; return; }
     sharded dense "--spec specs/h200.yaml --sweep dense ${RETRY:-}"
     cleanup ;;
   sparse)

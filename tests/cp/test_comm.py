@@ -72,3 +72,4 @@ def test_rank_local_benchmark_runs_end_to_end_on_the_cpu(tmp_path):
     assert sum(r["area"] for r in row["ranks"]) == build_mask("causal", 128).area  # zigzag: every pair once
     assert len({r["area"] for r in row["ranks"]}) == 1  # and balanced
     assert row["cp_per_gpu_tflops"] > 0 and row["single_tflops"] > 0
+    assert row["native_gqa"] is None  # recorded for sdpa's local kernels, which choose; naive has no choice
