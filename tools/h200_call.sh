@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on a GPU host without network (the project's H200 runs): unpack carried packages,
 # run a stage for at most LIMIT seconds, and leave in OUTDIR the aggregates (h200.parquet, h200-cp.parquet),
-# logs.tar.gz and triton-autotune.tar.gz (Triton's autotune choices, to carry into the next call).
+# logs.tar.gz, triton-autotune.tar.gz (Triton's autotune choices, to carry into the next call) and
+# fa4-cache.tar.xz (FA4's compiled kernels; carry it in .fa4-cache/ within one sweep).
 # Results land under results/ exactly as a Snakemake run would write them, so a later call (or a
 # Snakemake run) only adds the missing cells.
 #   usage: tools/h200_call.sh OUTDIR STAGE[+STAGE...] [LIMIT_S]   (stages joined by + run in order)
@@ -13,7 +14,7 @@
 #                       continue it until complete. Each process's wall is logged as `process wall`
 #                       (tools/sweep_efficiency.py sums them against the rows' timed samples)
 #     sparse            the sparse sweep on all GPUs, Triton first, then Flex, then VSA's Triton
-#                       kernel (carry the vsa wheel and pytest's wheels in .whl/ for it), then
+#                       kernel (carry the vsa wheel and pytest's wheels in .whl-sparse/ for it), then
 #                       FlashInfer and block-sparse FA2 (unsupported rows where not installed)
 #     flex_long         Flex's long-context cells (64K-512K, the no-Flex-OOM goal), then Flex's
 #                       sparse cells, sharded over the GPUs (no FA4 needed)
@@ -56,10 +57,20 @@ out=${1:?outdir}; stage=${2:?stage}; limit=${3:-480}
 start=$SECONDS
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 logs=/tmp/longca-logs; rm -rf "$logs"; mkdir -p "$logs"  # a warm machine still holds the last call's logs
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl > "$logs/pip.log" 2>&1
+# .whl: what every stage needs (jsonschema and its dependencies); .whl-sparse: VSA and the pytest
+# wheels its Triton file imports, for the `sparse` stage only (kept apart: FA4 leaves little room)
+wheels=$(ls .whl/*.whl .whl-sparse/*.whl 2>/dev/null)
+if [ -n "$wheels" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $wheels > "$logs/pip.log" 2>&1
 fi
 if [ -f .bundles/fa4.tar.xz ]; then mkdir -p /tmp/fa4 && tar xJf .bundles/fa4.tar.xz -C /tmp/fa4; fi
+# FA4's on-disk JIT cache (switched on by the worker) in one folder that comes back as
+# OUTDIR/fa4-cache.tar.xz: carried back in .fa4-cache/, later calls of the same sweep on a fresh
+# machine load FA4's kernels instead of compiling them, as jobs sharing a cache folder on a cluster
+# do. It is keyed by FA4's sources, the CuTe DSL version and each kernel's configuration.
+export FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=/tmp/fa4-jit-cache
+mkdir -p "$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
+if [ -f .fa4-cache/fa4-cache.tar.xz ]; then tar xJf .fa4-cache/fa4-cache.tar.xz -C "$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"; fi
 export PYTHONPATH=$PWD:/tmp/site:/tmp/fa4:/tmp/fa4/nvidia_cutlass_dsl/dsl_packages
 # Triton's cache in the (git-ignored) checkout: it survives between calls on a warm machine, and
 # its autotune results (fla-core tunes each kernel for 1-2 minutes on first use) come back as
@@ -247,6 +258,8 @@ print(f"{new_path}: kept {kept.num_rows} rows of cells outside the spec from {ol
 PY
   fi
 done
+[ -n "$(ls -A "$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR")" ] && tar cJf "$out/fa4-cache.tar.xz" -C "$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR" . \
+  && echo "fa4-cache.tar.xz: $(find "$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR" -type f | wc -l) files, $(du -sk "$out/fa4-cache.tar.xz" | cut -f1) KiB" >> "$logs/aggregate.log"
 tar czf "$out/logs.tar.gz" "$logs" 2>/dev/null
 (cd "$TRITON_CACHE_DIR" && find . -name '*.autotune.json' | tar czf "$out/triton-autotune.tar.gz" -T -) 2>/dev/null
 python3 - <<'PY'
