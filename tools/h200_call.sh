@@ -262,11 +262,21 @@ done
   && echo "fa4-cache.tar.xz: $(find "$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR" -type f | wc -l) files, $(du -sk "$out/fa4-cache.tar.xz" | cut -f1) KiB" >> "$logs/aggregate.log"
 tar czf "$out/logs.tar.gz" "$logs" 2>/dev/null
 (cd "$TRITON_CACHE_DIR" && find . -name '*.autotune.json' | tar czf "$out/triton-autotune.tar.gz" -T -) 2>/dev/null
-python3 - <<'PY'
-import collections, glob, pyarrow.parquet as pq
+python3 - "$out" <<'PY'
+# rows per (sweep, kernel, status) of the current specs' cells, from the returned aggregates (one
+# read each instead of thousands of cell files; rows of superseded digests left out)
+import collections, os, sys, pyarrow.parquet as pq
+from longca.spec.cells import expand
+from longca.spec.load import load_spec
 c = collections.Counter(); bad = []
-for f in glob.glob("results/*/cells/**/*.parquet", recursive=True):  # not the aggregates: same rows
-    for r in pq.read_table(f, columns=["sweep", "kernel", "status", "reason"]).to_pylist():
+for spec in ("h200", "h200-cp"):
+    path = os.path.join(sys.argv[1], f"{spec}.parquet")
+    if not os.path.exists(path):
+        continue
+    digests = {cell.digest for cell in expand(load_spec(f"specs/{spec}.yaml"))}
+    for r in pq.read_table(path, columns=["cell_digest", "sweep", "kernel", "status", "reason"]).to_pylist():
+        if r["cell_digest"] not in digests:
+            continue
         c[(r["sweep"], r["kernel"], r["status"])] += 1
         if r["status"] in ("error", "incorrect") and len(bad) < 12:
             bad.append(f"{r['kernel']}: {(r['reason'] or '')[:160]}")

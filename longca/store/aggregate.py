@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 
@@ -82,11 +83,17 @@ def unpack(aggregate_file: str | Path, results_dir: str | Path) -> tuple[int, in
     by_cell: dict[Path, list[dict]] = {}
     for row in rows:
         by_cell.setdefault(cell_path_of_row(row, results_dir), []).append(row)
-    written = kept = 0
-    for path, cell_rows in by_cell.items():
+
+    def restore(item: tuple[Path, list[dict]]) -> bool:
+        path, cell_rows = item
         if path.exists() and damage(path) is None:
-            kept += 1
-            continue
+            return False
         write_rows(path, cell_rows)
-        written += 1
-    return written, kept
+        return True
+
+    # Threads: Parquet encoding and fsync release the GIL, and a GPU call restores thousands of
+    # cells before it runs any (76 s on one core for the 4136 cells of results/h200/all.parquet).
+    with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:
+        restored = list(pool.map(restore, by_cell.items()))
+    written = sum(restored)
+    return written, len(restored) - written

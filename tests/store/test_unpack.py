@@ -1,0 +1,46 @@
+"""longca.store.aggregate.unpack: cell files restored from an aggregate, never over sound ones."""
+
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from longca.store.aggregate import aggregate, cell_path_of_row, unpack
+from longca.store.write import write_rows
+
+
+def _row(cell: str, sample: int = 0, **kw) -> dict:
+    row = {"spec": "s", "sweep": "w", "cell_id": cell, "cell_digest": cell, "kernel": "naive", "mask": "full",
+           "mask_variant": "default", "pass": "fwd", "seqlen_q": 8, "seqlen_k": 8, "batch": 1, "heads_q": 1,
+           "heads_kv": 1, "head_dim": 8, "dtype": "float32", "world_size": 1, "status": "ok", "median_ms": 1.0,
+           "samples_ms": [1.0], "cell_wall_s": 1.0, "mask_sample": sample}
+    row.update(kw)
+    return row
+
+
+def test_unpack_restores_every_cell_with_all_its_rows_and_keeps_sound_files(tmp_path: Path) -> None:
+    cells = [f"c{i:03d}" for i in range(40)]  # more cells than threads
+    src = tmp_path / "src"
+    files = []
+    for i, c in enumerate(cells):
+        rows = [_row(c, s, seqlen_q=8 * (i + 1), median_ms=float(i)) for s in range(1 + i % 3)]
+        path = cell_path_of_row(rows[0], src)
+        write_rows(path, rows)
+        files.append(str(path))
+    agg = tmp_path / "all.parquet"
+    aggregate(files, agg)
+
+    out = tmp_path / "results"
+    assert unpack(agg, out) == (40, 0)
+    for i, c in enumerate(cells):
+        path = cell_path_of_row(_row(c, seqlen_q=8 * (i + 1)), out)
+        t = pq.read_table(path)
+        assert t.num_rows == 1 + i % 3 and set(t.column("median_ms").to_pylist()) == {float(i)}
+
+    # a newer measurement in place is never overwritten; a damaged file is restored
+    newer = cell_path_of_row(_row("c000", seqlen_q=8), out)
+    write_rows(newer, [_row("c000", seqlen_q=8, median_ms=99.0)])
+    damaged = cell_path_of_row(_row("c001", seqlen_q=16), out)
+    damaged.write_bytes(damaged.read_bytes()[:50])
+    assert unpack(agg, out) == (1, 39)
+    assert pq.read_table(newer).column("median_ms").to_pylist() == [99.0]
+    assert pq.read_table(damaged).num_rows == 2
