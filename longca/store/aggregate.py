@@ -48,7 +48,8 @@ def aggregate_arrow(files: list[str], out: str | Path) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    tables = [pq.read_table(f) for f in files]
+    with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:  # reads release the GIL
+        tables = list(pool.map(pq.read_table, files))
     table = pa.concat_tables(tables, promote_options="permissive") if tables else None
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
