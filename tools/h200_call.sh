@@ -243,19 +243,12 @@ esac
 for st in ${stage//+/ }; do run_stage "$st"; done
 for spec in h200 h200-cp; do
   if [ -d "results/$spec/cells" ]; then
-    python3 -m longca.cli aggregate --spec "specs/$spec.yaml" --present-only --out "$out/$spec.parquet" >> "$logs/aggregate.log" 2>&1
-    # The aggregate holds the current spec's cells only; rows of cells the spec no longer has (the
-    # Ulysses zigzag cells before `balance: auto` changed) stay in the returned file, marked by
-    # their own parameters, instead of vanishing when it replaces results/$spec/all.parquet.
-    [ -f "results/$spec/all.parquet" ] && python3 - "$out/$spec.parquet" "results/$spec/all.parquet" >> "$logs/aggregate.log" 2>&1 <<'PY'
-import sys, pyarrow as pa, pyarrow.compute as pc, pyarrow.parquet as pq
-new_path, old_path = sys.argv[1:]
-new, old = pq.read_table(new_path), pq.read_table(old_path)
-kept = old.filter(pc.invert(pc.is_in(old["cell_digest"], value_set=new["cell_digest"])))
-if kept.num_rows:  # older rows lack the columns a later schema added: nulls there, as aggregate_arrow does
-    pq.write_table(pa.concat_tables([new, kept], promote_options="permissive"), new_path)
-print(f"{new_path}: kept {kept.num_rows} rows of cells outside the spec from {old_path}")
-PY
+    # The aggregate holds the current spec's cells; --keep appends the carried rows of cells the spec
+    # no longer has (the Ulysses zigzag cells before `balance: auto` changed, the dense rows measured
+    # under the file-wide protocol), so the returned file can replace results/$spec/all.parquet.
+    keep=(); [ -f "results/$spec/all.parquet" ] && keep=(--keep "results/$spec/all.parquet")
+    python3 -m longca.cli aggregate --spec "specs/$spec.yaml" --present-only --out "$out/$spec.parquet" ${keep[@]+"${keep[@]}"} \
+      >> "$logs/aggregate.log" 2>&1
   fi
 done
 [ -n "$(ls -A "$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR")" ] && tar cJf "$out/fa4-cache.tar.xz" -C "$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR" . \

@@ -12,6 +12,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--present-only", action="store_true",
                    help="aggregate the cells measured so far (a partial sweep), not every planned cell")
+    p.add_argument("--keep", metavar="OLD_AGGREGATE",
+                   help="also keep this earlier aggregate's rows of cells the new table lacks (cells the spec "
+                        "no longer has, or measured under an earlier protocol: the report draws each cell's "
+                        "latest measurement and lists the rest as superseded)")
     p.set_defaults(func=_aggregate)
 
 
@@ -33,4 +37,9 @@ def _aggregate(args: argparse.Namespace) -> int:
     else:
         n = aggregate(files, args.out)
     print(f"aggregated {len(files)} cells, {n} rows -> {args.out}")
+    if args.keep:
+        from longca.store.aggregate import keep_rows_outside
+
+        kept = keep_rows_outside(args.out, args.keep)
+        print(f"{args.out}: kept {kept} rows of cells outside the spec from {args.keep}")
     return 0

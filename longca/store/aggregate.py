@@ -59,6 +59,25 @@ def aggregate_arrow(files: list[str], out: str | Path) -> int:
     return table.num_rows
 
 
+def keep_rows_outside(new_file: str | Path, old_file: str | Path) -> int:
+    """Append to `new_file` the rows of `old_file` whose cell digest `new_file` lacks, atomically;
+    returns how many. An aggregate holds only its spec's current cells; this keeps an earlier
+    aggregate's other rows (cells that left the spec, or cells measured again under a changed
+    protocol, whose new digests are in `new_file`) instead of losing them when it is replaced."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    new, old = pq.read_table(new_file), pq.read_table(old_file)
+    kept = old.filter(pc.invert(pc.is_in(old["cell_digest"], value_set=new["cell_digest"])))
+    if kept.num_rows:  # older rows lack the columns a later schema added: nulls there
+        out = Path(new_file)
+        tmp = out.with_name(f".{out.name}.part")
+        pq.write_table(pa.concat_tables([new, kept], promote_options="permissive"), tmp, compression="zstd")
+        os.replace(tmp, out)
+    return kept.num_rows
+
+
 def cell_path_of_row(row: dict, results_dir: str | Path) -> Path:
     """Where a row's cell file lives: the same hive path the planner gives the cell."""
     keys = ["sweep", "kernel", "mask", "mask_variant", "seqlen_q", "heads_q", "heads_kv", "head_dim", "dtype",

@@ -39,3 +39,65 @@ def test_selection_limited_to_the_chosen_sweeps(tmp_path, capsys):
     assert main(["run", "--spec", "specs/default.yaml", "--results", str(tmp_path), "--sweep", "dense",
                  "--only", "kernel=triton_block_sparse"]) == 2
     assert "--only kernel=triton_block_sparse: no cell of the selected sweeps has it" in capsys.readouterr().err
+
+
+# A changed protocol: its cells run again beside the old rows, `aggregate --keep` keeps both, and
+# the report draws only each cell's latest measurement.
+
+SPEC_V1 = """\
+name: proto
+device: cpu
+seed: 0
+repeat: {warmup: 1, iters: 2, min_iters: 1, budget_s: 0.05, l2_flush: false}
+check: {enabled: true, max_seqlen: 64}
+heads: ["2:1"]
+head_dims: [16]
+dtypes: [float32]
+passes: [fwd, bwd]
+sweeps:
+  - name: dense
+    kernels: [naive]
+    masks: [full, causal]
+    seqlens: [64]
+  - name: other
+    kernels: [sdpa_math]
+    masks: [full]
+    seqlens: [64]
+"""
+
+
+def test_changed_protocol_reruns_its_sweep_and_the_report_draws_the_latest(tmp_path, capsys):
+    import polars as pl
+    import pyarrow.parquet as pq
+
+    from longca.report import build_report
+
+    results, v1, v2 = tmp_path / "results", tmp_path / "v1.yaml", tmp_path / "v2.yaml"
+    v1.write_text(SPEC_V1)
+    # the dense sweep alone gets the sweep-efficiency protocol: new digests there, nowhere else
+    v2.write_text(SPEC_V1.replace("    seqlens: [64]\n  - name: other", "    seqlens: [64]\n    repeat: {warmup: 3, "
+                                  "warmup_s: 0.01, iters: 4, min_iters: 2, budget_s: 0.05, l2_flush: false, "
+                                  "backward: retained_graph}\n  - name: other", 1))
+    assert main(["run", "--spec", str(v1), "--results", str(results)]) == 0
+    assert main(["aggregate", "--spec", str(v1), "--results", str(results), "--out", str(tmp_path / "a1.parquet")]) == 0
+    files_v1 = set(results.rglob("cell-*.parquet"))
+    assert main(["run", "--spec", str(v2), "--results", str(results)]) == 0
+    new_files = set(results.rglob("cell-*.parquet")) - files_v1
+    assert len(new_files) == 4 and all("sweep=dense" in str(f) for f in new_files)  # 2 masks x 2 passes
+    assert main(["aggregate", "--spec", str(v2), "--results", str(results), "--out", str(tmp_path / "a2.parquet"),
+                 "--keep", str(tmp_path / "a1.parquet")]) == 0
+    assert "kept 4 rows of cells outside the spec" in capsys.readouterr().out
+    a2 = pq.read_table(tmp_path / "a2.parquet")
+    assert a2.num_rows == 4 + 4 + 2  # new dense, old dense, the other sweep once
+    dense = pl.from_arrow(a2.select(["sweep", "timer"])).filter(pl.col("sweep") == "dense")
+    # old: 4 rows timed the old way; new: 2 forwards, and 2 backwards on one retained graph
+    assert sorted(dense.get_column("timer").to_list()) == ["cpu_monotonic"] * 6 + ["cpu_monotonic+retained_graph"] * 2
+
+    build_report([tmp_path / "a2.parquet"], tmp_path / "site", png=False)
+    status = (tmp_path / "site" / "status.html").read_text()
+    assert "Superseded measurements" in status and "proto (superseded)" in status
+    csvs = "".join(p.read_text() for p in (tmp_path / "site" / "charts").glob("*.csv"))
+    old_dense = {r["cell_id"] for r in pq.read_table(tmp_path / "a1.parquet").to_pylist() if r["sweep"] == "dense"}
+    new_dense = {r["cell_id"] for r in a2.to_pylist() if r["sweep"] == "dense"} - old_dense
+    assert len(old_dense) == len(new_dense) == 4
+    assert not any(c in csvs for c in old_dense) and all(c in csvs for c in new_dense)  # only the latest drawn

@@ -44,3 +44,23 @@ def test_unpack_restores_every_cell_with_all_its_rows_and_keeps_sound_files(tmp_
     assert unpack(agg, out) == (1, 39)
     assert pq.read_table(newer).column("median_ms").to_pylist() == [99.0]
     assert pq.read_table(damaged).num_rows == 2
+
+
+def test_keep_rows_outside_appends_only_cells_the_new_table_lacks(tmp_path: Path) -> None:
+    from longca.store.aggregate import keep_rows_outside
+
+    def agg(name: str, cells: list[str], **kw) -> Path:
+        files = []
+        for c in cells:
+            path = cell_path_of_row(_row(c), tmp_path / name)
+            write_rows(path, [_row(c, **kw)])
+            files.append(str(path))
+        aggregate(files, tmp_path / f"{name}.parquet")
+        return tmp_path / f"{name}.parquet"
+
+    old, new = agg("old", ["a", "b", "c"], median_ms=1.0), agg("new", ["b", "c", "d"], median_ms=2.0)
+    assert keep_rows_outside(new, old) == 1  # only a: b and c are in the new table
+    t = pq.read_table(new).to_pylist()
+    assert sorted((r["cell_digest"], r["median_ms"]) for r in t) == [("a", 1.0), ("b", 2.0), ("c", 2.0), ("d", 2.0)]
+    assert keep_rows_outside(new, old) == 0  # idempotent: a is in it now
+    assert pq.read_table(new).num_rows == 4
