@@ -181,7 +181,7 @@ def _family_pages(c: pl.DataFrame, peer: pl.DataFrame) -> list[Page]:
 
 
 def _status_page(rows: pl.DataFrame, c: pl.DataFrame, probe: pl.DataFrame | None = None,
-                 superseded: pl.DataFrame | None = None) -> Page:
+                 superseded: pl.DataFrame | None = None, stale: pl.DataFrame | None = None) -> Page:
     page = Page("status.html", "Status", "Cells that are not ok")
     bad = queries.non_ok(rows, c)
     withheld = queries.partly_failed(c)
@@ -190,6 +190,12 @@ def _status_page(rows: pl.DataFrame, c: pl.DataFrame, probe: pl.DataFrame | None
                                                     "are withheld from the charts too." if withheld else ""))
     if bad.height:
         page.table(_table(bad, _NON_OK_COLS, numeric=["seqlen_q", "batch", "world_size", "rows"]))
+    if stale is not None and stale.height:
+        page.h2("Cells from an earlier version of the spec")
+        page.p("Drawn cells whose digest the spec file given to the report no longer has: measured before the spec "
+               "changed how they are measured (not measured again yet) or cells it no longer contains. The rows' "
+               "timer and iteration counts say how each was measured.")
+        page.table(_table(stale, ["spec", "spec_file", "sweep", "cells", "rows"], numeric=["cells", "rows"]))
     if superseded is not None and superseded.height:
         page.h2("Superseded measurements")
         page.p("Cells measured again after their spec changed how they are measured (a new digest for the same "
@@ -321,6 +327,14 @@ def build_report(data: Sequence[str | Path], out: str | Path, spec: str | Path |
                                 for p, (_, r) in zip(probe, read)], how="diagonal_relaxed")
     spec_names = rows.get_column("spec").drop_nulls().unique().sort().to_list()
     spec_name = spec_path.stem if spec_path else (", ".join(spec_names) or "results")
+    stale = None  # drawn cells the given spec file no longer has (an earlier version of it measured them)
+    if spec_path is not None:
+        from longca.spec.cells import expand
+        from longca.spec.load import load_spec
+
+        loaded = load_spec(spec_path)
+        stale = queries.outside_spec(rows, loaded.name, {c.digest for c in expand(loaded)})
+        stale = stale.with_columns(spec=pl.lit(loaded.name), spec_file=pl.lit(shown_path(spec_path)))
     site_title = title or f"longca: {spec_name}"
     c = queries.cells(rows)
     peer = peers.load(peers_path)
@@ -352,7 +366,7 @@ def build_report(data: Sequence[str | Path], out: str | Path, spec: str | Path |
         p_gallery.gallery(images)
     else:
         p_gallery.p(message, "note")
-    site = [overview, *family, p_gallery, _status_page(rows, c, probe_rows, superseded),
+    site = [overview, *family, p_gallery, _status_page(rows, c, probe_rows, superseded, stale),
             _peers_page(peer, Path(peers_path) if peers_path else None),
             _provenance_page(rows, data, spec_path, spec_name, libs, all_charts, out, title, probe)]
     if mask_pages:

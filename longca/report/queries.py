@@ -75,6 +75,17 @@ def supersede(rows: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     return d.filter(~old).drop(helpers), d.filter(old).drop(helpers)
 
 
+def outside_spec(rows: pl.DataFrame, spec_name: str, digests: set[str]) -> pl.DataFrame:
+    """Per sweep of spec `spec_name`: the cells (and rows) whose digest the spec no longer has: measured
+    under an earlier version of it (a changed protocol not yet measured again, or a cell it dropped)."""
+    if rows.height == 0 or "cell_digest" not in rows.columns:
+        return pl.DataFrame(schema={"sweep": pl.String, "cells": pl.UInt32, "rows": pl.UInt32})
+    d = rows.filter((pl.col("spec") == spec_name) & pl.col("cell_digest").is_not_null()
+                    & ~pl.col("cell_digest").is_in(list(digests)))
+    return (d.group_by("sweep").agg(pl.col("cell_digest").n_unique().alias("cells"), pl.len().alias("rows"))
+            .sort("sweep"))
+
+
 def cells(rows: pl.DataFrame) -> pl.DataFrame:
     """One row per (cell, machine): descriptive fields, medians over samples, the worst status."""
     d = derive(rows)

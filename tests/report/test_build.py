@@ -163,3 +163,31 @@ def test_superseded_rows_are_listed_and_timed_but_never_drawn(tmp_path: Path) ->
     # the download keeps every row
     assert sorted(pl.read_parquet(tmp_path / "site" / "data" / "all.parquet").get_column("tflops").to_list()) == [
         111.0, 222.0]
+
+
+def test_cells_the_given_spec_no_longer_has_are_named_on_the_status_page(tmp_path: Path) -> None:
+    from longca.report import build_report
+    from longca.spec.cells import expand
+    from longca.spec.load import load_spec
+    from longca.store.schema import to_table
+
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text("name: tiny\ndevice: cpu\nheads: ['2:2']\nhead_dims: [16]\ndtypes: [float32]\npasses: [fwd]\n"
+                    "sweeps:\n  - name: dense\n    kernels: [naive]\n    masks: [full]\n    seqlens: [128]\n")
+    (cell,) = expand(load_spec(spec))
+    base = dict(spec="tiny", sweep="dense", kernel="naive", mask="full", seqlen_q=128, seqlen_k=128, batch=1,
+                heads_q=2, heads_kv=2, head_dim=16, dtype="float32", status="ok", tflops=1.0, median_ms=1.0,
+                device_name="dev", host="h", world_size=1)
+    current = dict(base, cell_id=cell.id, cell_digest=cell.digest)
+    pq.write_table(to_table([current]), tmp_path / "now.parquet")
+    build_report([tmp_path / "now.parquet"], tmp_path / "site", spec=spec, png=False)
+    assert "earlier version of the spec" not in (tmp_path / "site" / "status.html").read_text()
+
+    # a row measured under an earlier version (another digest, another mask the spec dropped)
+    earlier = dict(base, mask="causal", cell_id="naive/causal@0ld", cell_digest="0ld0ld")
+    other_spec = dict(base, spec="other", cell_id="x@1", cell_digest="1")  # not this spec's: not counted
+    pq.write_table(to_table([current, earlier, other_spec]), tmp_path / "mixed.parquet")
+    build_report([tmp_path / "mixed.parquet"], tmp_path / "site2", spec=spec, png=False)
+    status = (tmp_path / "site2" / "status.html").read_text()
+    section = status.split("Cells from an earlier version of the spec")[1].split("</table>")[0]
+    assert "tiny.yaml" in section and ">dense<" in section and ">1<" in section and "other" not in section
