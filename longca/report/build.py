@@ -74,7 +74,8 @@ def _support_table(matrix: pl.DataFrame) -> Table:
     return Table(columns=["kernel", *masks], rows=rows, cell_class=classes)
 
 
-def _overview(c: pl.DataFrame, rows: pl.DataFrame, spec_name: str) -> tuple[Page, list[ChartSpec]]:
+def _overview(c: pl.DataFrame, rows: pl.DataFrame, spec_name: str,
+              stale: pl.DataFrame | None = None) -> tuple[Page, list[ChartSpec]]:
     page = Page("index.html", "Overview", f"Overview: {spec_name}")
     best = queries.best_kernel(c)
     frac = queries.fraction_of_full(best, c)
@@ -83,6 +84,10 @@ def _overview(c: pl.DataFrame, rows: pl.DataFrame, spec_name: str) -> tuple[Page
     page.p(f"{rows.height} result rows, {c.height} cells; statuses: "
            + ", ".join(f"{s} {n}" for s, n in status_counts.iter_rows()) + ". Only ok cells are drawn; every other "
            "cell is listed with its reason on the Status page.")
+    if stale is not None and stale.height:
+        page.p(", ".join(f"{n} cells of sweep {sw}" for sw, n in stale.select("sweep", "cells").iter_rows())
+               + f" come from an earlier version of {stale.get_column('spec_file')[0]}, measured before it changed "
+               "how they are measured; they are drawn until measured again (Status page).", "note")
     page.h2("Kernel × mask support (measured)")
     page.chart(charts.support_chart(matrix), "No single-device cells.")
     if matrix.height:
@@ -340,7 +345,7 @@ def build_report(data: Sequence[str | Path], out: str | Path, spec: str | Path |
     peer = peers.load(peers_path)
     timings["load+cells"] = time.perf_counter() - t0
 
-    overview, _ = _overview(c, rows, spec_name)
+    overview, _ = _overview(c, rows, spec_name, stale)
     family = _family_pages(c, peer)
     mask_pages = _mask_pages(c, peers.for_masks(peer))
     drawn = [overview, *mask_pages, *family]

@@ -191,3 +191,6 @@ def test_cells_the_given_spec_no_longer_has_are_named_on_the_status_page(tmp_pat
     status = (tmp_path / "site2" / "status.html").read_text()
     section = status.split("Cells from an earlier version of the spec")[1].split("</table>")[0]
     assert "tiny.yaml" in section and ">dense<" in section and ">1<" in section and "other" not in section
+    overview = (tmp_path / "site2" / "index.html").read_text()
+    assert "1 cells of sweep dense come from an earlier version of" in overview
+    assert "earlier version" not in (tmp_path / "site" / "index.html").read_text()
