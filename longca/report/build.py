@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -337,9 +338,16 @@ def build_report(data: Sequence[str | Path], out: str | Path, spec: str | Path |
         from longca.spec.cells import expand
         from longca.spec.load import load_spec
 
-        loaded = load_spec(spec_path)
-        stale = queries.outside_spec(rows, loaded.name, {c.digest for c in expand(loaded)})
-        stale = stale.with_columns(spec=pl.lit(loaded.name), spec_file=pl.lit(shown_path(spec_path)))
+        from longca.spec.load import SpecError
+
+        try:
+            loaded = load_spec(spec_path)
+        except SpecError as exc:  # the file is still shown as given; only this check needs it valid
+            print(f"warning: {shown_path(spec_path)} does not load as a spec ({exc}); drawn cells are not "
+                  "checked against it", file=sys.stderr)
+        else:
+            stale = queries.outside_spec(rows, loaded.name, {c.digest for c in expand(loaded)})
+            stale = stale.with_columns(spec=pl.lit(loaded.name), spec_file=pl.lit(shown_path(spec_path)))
     site_title = title or f"longca: {spec_name}"
     c = queries.cells(rows)
     peer = peers.load(peers_path)
