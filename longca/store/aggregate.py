@@ -7,6 +7,8 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+_IO_THREADS = min(16, os.cpu_count() or 1)  # Parquet reads, writes and fsync release the GIL
+
 
 def aggregate(files: list[str], out: str | Path) -> int:
     """Union every cell file (by column name) into one Parquet file, written atomically.
@@ -48,14 +50,12 @@ def aggregate_arrow(files: list[str], out: str | Path) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:  # reads release the GIL
+    from longca.store.write import write_table
+
+    with ThreadPoolExecutor(max_workers=_IO_THREADS) as pool:  # reads release the GIL
         tables = list(pool.map(pq.read_table, files))
     table = pa.concat_tables(tables, promote_options="permissive") if tables else None
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.part")
-    pq.write_table(table, tmp, compression="zstd")
-    os.replace(tmp, out)
+    write_table(out, table)
     return table.num_rows
 
 
@@ -68,13 +68,12 @@ def keep_rows_outside(new_file: str | Path, old_file: str | Path) -> int:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
+    from longca.store.write import write_table
+
     new, old = pq.read_table(new_file), pq.read_table(old_file)
     kept = old.filter(pc.invert(pc.is_in(old["cell_digest"], value_set=new["cell_digest"])))
     if kept.num_rows:  # older rows lack the columns a later schema added: nulls there
-        out = Path(new_file)
-        tmp = out.with_name(f".{out.name}.part")
-        pq.write_table(pa.concat_tables([new, kept], promote_options="permissive"), tmp, compression="zstd")
-        os.replace(tmp, out)
+        write_table(new_file, pa.concat_tables([new, kept], promote_options="permissive"))
     return kept.num_rows
 
 
@@ -113,7 +112,7 @@ def unpack(aggregate_file: str | Path, results_dir: str | Path) -> tuple[int, in
 
     # Threads: Parquet encoding and fsync release the GIL, and a GPU call restores thousands of
     # cells before it runs any (76 s on one core for the 4136 cells of results/h200/all.parquet).
-    with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:
+    with ThreadPoolExecutor(max_workers=_IO_THREADS) as pool:
         restored = list(pool.map(restore, by_cell.items()))
     written = sum(restored)
     return written, len(restored) - written

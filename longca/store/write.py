@@ -11,16 +11,21 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from longca.store.schema import to_table
 
 
 def write_rows(path: str | Path, rows: list[dict[str, Any]]) -> None:
+    clean = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
+    write_table(path, to_table(clean))
+
+
+def write_table(path: str | Path, table: pa.Table) -> None:
+    """`table` to `path` atomically (cell files and aggregates alike)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    clean = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
-    table = to_table(clean)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
