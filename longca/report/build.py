@@ -308,6 +308,22 @@ def _write_data(table, out: Path, probe_table=None) -> None:
         pq.write_table(probe_table, d / "probes.parquet")
 
 
+def _stale_cells(rows: pl.DataFrame, spec_path: Path) -> pl.DataFrame | None:
+    """Per sweep, the drawn cells the spec file no longer has (an earlier version of it measured
+    them), or None when the file does not load as a spec (it is still shown as given)."""
+    from longca.spec.cells import expand
+    from longca.spec.load import SpecError, load_spec
+
+    try:
+        spec = load_spec(spec_path)
+    except SpecError as exc:
+        print(f"warning: {shown_path(spec_path)} does not load as a spec ({exc}); drawn cells are not "
+              "checked against it", file=sys.stderr)
+        return None
+    stale = queries.outside_spec(rows, spec.name, {c.digest for c in expand(spec)})
+    return stale.with_columns(spec=pl.lit(spec.name), spec_file=pl.lit(shown_path(spec_path)))
+
+
 def build_report(data: Sequence[str | Path], out: str | Path, spec: str | Path | None = None,
                  title: str | None = None, png: bool = True, peers_path: str | Path | None = None,
                  probe: Sequence[str | Path] = ()) -> Built:
@@ -333,21 +349,7 @@ def build_report(data: Sequence[str | Path], out: str | Path, spec: str | Path |
                                 for p, (_, r) in zip(probe, read)], how="diagonal_relaxed")
     spec_names = rows.get_column("spec").drop_nulls().unique().sort().to_list()
     spec_name = spec_path.stem if spec_path else (", ".join(spec_names) or "results")
-    stale = None  # drawn cells the given spec file no longer has (an earlier version of it measured them)
-    if spec_path is not None:
-        from longca.spec.cells import expand
-        from longca.spec.load import load_spec
-
-        from longca.spec.load import SpecError
-
-        try:
-            loaded = load_spec(spec_path)
-        except SpecError as exc:  # the file is still shown as given; only this check needs it valid
-            print(f"warning: {shown_path(spec_path)} does not load as a spec ({exc}); drawn cells are not "
-                  "checked against it", file=sys.stderr)
-        else:
-            stale = queries.outside_spec(rows, loaded.name, {c.digest for c in expand(loaded)})
-            stale = stale.with_columns(spec=pl.lit(loaded.name), spec_file=pl.lit(shown_path(spec_path)))
+    stale = _stale_cells(rows, spec_path) if spec_path is not None else None
     site_title = title or f"longca: {spec_name}"
     c = queries.cells(rows)
     peer = peers.load(peers_path)

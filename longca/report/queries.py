@@ -28,6 +28,12 @@ _MEDIAN = ("tflops", "tokens_per_s", "median_ms", "p20_ms", "p80_ms", "flops", "
            "comm_exposed_ms", "comm_share", "imbalance_time", "imbalance_area", "rel_err_out")
 
 
+def _machine() -> pl.Expr:
+    """'device @ host': what keeps one cell's rows from different machines apart."""
+    return pl.concat_str([pl.col("device_name").fill_null("unknown device"), pl.lit(" @ "),
+                          pl.col("host").fill_null("unknown host")])
+
+
 def derive(rows: pl.DataFrame) -> pl.DataFrame:
     """Per-row columns the charts group by: attention type, shape label, machine, cell key, CP ratios."""
     hq, hkv = pl.col("heads_q"), pl.col("heads_kv")
@@ -35,8 +41,7 @@ def derive(rows: pl.DataFrame) -> pl.DataFrame:
     shape = pl.concat_str([attn, pl.lit(" "), hq.cast(pl.String), pl.lit(":"), hkv.cast(pl.String),
                            pl.lit(" D="), pl.col("head_dim").cast(pl.String), pl.lit(" "), pl.col("dtype")],
                           ignore_nulls=True)
-    machine = pl.concat_str([pl.col("device_name").fill_null("unknown device"), pl.lit(" @ "),
-                             pl.col("host").fill_null("unknown host")])
+    machine = _machine()
     fallback = pl.concat_str([pl.col(c).cast(pl.String).fill_null("") for c in _DEFINING], separator="|")
     rank_ms, rank_area = pl.col("rank_ms"), pl.col("rank_area").cast(pl.List(pl.Float64))
     return rows.with_columns(
@@ -63,7 +68,7 @@ def supersede(rows: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
         return rows, rows.clear()
     d = rows.with_columns(
         _ident=pl.col("cell_id").str.replace(r"@[0-9a-f]+$", ""),
-        _machine=pl.concat_str([pl.col("device_name").fill_null(""), pl.lit("@"), pl.col("host").fill_null("")]),
+        _machine=_machine(),
         _when=pl.col("timestamp").max().over("cell_digest"),
     )
     keyed = pl.col("cell_id").is_not_null() & pl.col("cell_digest").is_not_null()
