@@ -239,6 +239,16 @@ def _status_page(rows: pl.DataFrame, c: pl.DataFrame, probe: pl.DataFrame | None
                "inputs and everything else inside the cell.")
         shares = [f"{p}_share" for p in queries.PHASES]
         page.table(_table(phases, ["spec", "sweep", "cells", "wall_s", *shares], numeric=["cells", "wall_s", *shares]))
+    clk = queries.clocks(timing_rows)
+    if clk.height:
+        page.h2("GPU clocks")
+        page.p("Per sweep, over its ok rows: the SM clock read as each row's measurement began and ended (median, "
+               "and the 10th percentile at the end), the share of rows that ended under the software power cap, "
+               "and every throttle reason seen at the end (NVML's names). Many back-to-back calls run under the "
+               "power cap at lower clocks than a short burst does: compare timings of different protocols with "
+               "their clocks in view.")
+        clk_cols = ["spec", "sweep", "rows", "start_mhz", "end_mhz", "end_p10_mhz", "power_capped", "reasons"]
+        page.table(_table(clk, clk_cols, numeric=clk_cols[2:7]))
     return page
 
 
@@ -268,7 +278,8 @@ def _provenance_page(rows: pl.DataFrame, data: Sequence[Path], spec: Path | None
     page.table(_table(env, ["env_id", *queries.ENV_FACTS, "rows", "run_ids", "first", "last"], numeric=["rows"]))
     page.h2("Downloads")
     page.links([("data/all.parquet", "every row (Parquet, longca result schema)"),
-                ("data/all.csv", "every row (CSV; lists written as [a, b, ...])"),
+                ("data/all.csv", "every row (CSV; lists written as [a, b, ...]; the per-iteration samples "
+                                 "only in the Parquet)"),
                 *([("data/probes.parquet", "protocol probe rows (Status page timing tables only)")] if probe else [])])
     page.h2("Reproduce")
     cmd = ["longca", "report", *[a for d in data for a in ("--data", shown_path(d))],
@@ -302,10 +313,12 @@ def _provenance_page(rows: pl.DataFrame, data: Sequence[Path], spec: Path | None
 def _write_data(table, out: Path, probe_table=None) -> None:
     d = out / "data"
     d.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, d / "all.parquet")
-    export.csv_safe(pl.from_arrow(table)).write_csv(d / "all.csv")
+    pq.write_table(table, d / "all.parquet", compression="zstd")
+    # Per-iteration samples are most of the bytes (up to 1000 per row) and unreadable as CSV text; the
+    # CSV keeps every other column, with the counts (timed_iters) and the statistics drawn from them.
+    export.csv_safe(pl.from_arrow(table).drop("samples_ms", strict=False)).write_csv(d / "all.csv")
     if probe_table is not None:
-        pq.write_table(probe_table, d / "probes.parquet")
+        pq.write_table(probe_table, d / "probes.parquet", compression="zstd")
 
 
 def _stale_cells(rows: pl.DataFrame, spec_path: Path) -> pl.DataFrame | None:

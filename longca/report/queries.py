@@ -97,7 +97,8 @@ def cells(rows: pl.DataFrame) -> pl.DataFrame:
     return (
         d.group_by("cell_key", "machine", maintain_order=True)
         .agg(
-            *[pl.col(c).first() for c in _FIRST if c != "machine"],
+            # a cell's rows agree on these, except where some leave a field empty (a failed row's backend)
+            *[pl.col(c).drop_nulls().first() for c in _FIRST if c != "machine"],
             *[pl.col(c).median() for c in _MEDIAN],
             pl.col("peak_mem_bytes").max(),
             pl.col("status_rank").max().alias("worst"),
@@ -109,6 +110,8 @@ def cells(rows: pl.DataFrame) -> pl.DataFrame:
         .with_columns(status=pl.col("worst").replace_strict(_RANK_STATUS, return_dtype=pl.String),
                       peak_mem_gib=pl.col("peak_mem_bytes") / 2**30)
         .drop("worst")
+        # the same rows in any file order give the same tables, chart data and downloads
+        .sort("cell_key", "machine")
     )
 
 
@@ -252,6 +255,46 @@ def measurement_phases(rows: pl.DataFrame) -> pl.DataFrame:
            .agg(pl.len().alias("cells"), pl.col("wall_s").sum(), *[pl.col(f"{p}_s").sum() for p in PHASES])
            .sort("spec", "sweep"))
     return out.with_columns([(pl.col(f"{p}_s") / pl.col("wall_s")).alias(f"{p}_share") for p in PHASES])
+
+
+# NVML's clock event (throttle) reason bits, as longca.measure.env records them (hex of the mask)
+THROTTLE_REASONS = {0x1: "gpu_idle", 0x2: "applications_clocks", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
+                    0x10: "sync_boost", 0x20: "sw_thermal", 0x40: "hw_thermal", 0x80: "hw_power_brake",
+                    0x100: "display_clock"}
+
+
+def throttle_names(mask: str | None) -> list[str]:
+    """'0x24' -> ['sw_power_cap', 'sw_thermal']; unknown bits are kept as hex so nothing is hidden."""
+    if not mask:
+        return []
+    bits, names = int(mask, 16), []
+    for bit, name in THROTTLE_REASONS.items():
+        if bits & bit:
+            names.append(name)
+            bits &= ~bit
+    return names + ([hex(bits)] if bits else [])
+
+
+def clocks(rows: pl.DataFrame) -> pl.DataFrame:
+    """Per (spec, sweep): the SM clock read at each measured row's start and end, and the throttle
+    reasons active at its end. A sustained protocol (many back-to-back calls) runs under the power
+    cap at lower clocks than short bursts do, so timings from different protocols differ by this much."""
+    cols = {"clock_start_mhz", "clock_end_mhz", "throttle_reasons"}
+    if not cols <= set(rows.columns):
+        return pl.DataFrame()
+    d = rows.filter(pl.col("clock_end_mhz").is_not_null() & (pl.col("status") == "ok"))
+    if d.height == 0:
+        return pl.DataFrame()
+    d = d.with_columns(_names=pl.col("throttle_reasons").map_elements(throttle_names, return_dtype=pl.List(pl.String)))
+    return (d.group_by("spec", "sweep")
+            .agg(rows=pl.len(),
+                 start_mhz=pl.col("clock_start_mhz").median(),
+                 end_mhz=pl.col("clock_end_mhz").median(),
+                 end_p10_mhz=pl.col("clock_end_mhz").quantile(0.1, "nearest"),
+                 power_capped=pl.col("_names").list.contains("sw_power_cap").mean(),
+                 reasons=pl.col("_names").explode().drop_nulls().unique().sort().str.join(", "))
+            .with_columns(pl.col("start_mhz", "end_mhz").round(0).cast(pl.Int32))
+            .sort("spec", "sweep"))
 
 
 def cp_vs_single(c: pl.DataFrame) -> pl.DataFrame:

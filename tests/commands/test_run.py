@@ -101,3 +101,19 @@ def test_changed_protocol_reruns_its_sweep_and_the_report_draws_the_latest(tmp_p
     new_dense = {r["cell_id"] for r in a2.to_pylist() if r["sweep"] == "dense"} - old_dense
     assert len(old_dense) == len(new_dense) == 4
     assert not any(c in csvs for c in old_dense) and all(c in csvs for c in new_dense)  # only the latest drawn
+
+
+def test_run_writes_the_planned_unsupported_cells_before_any_device_work(tmp_path, monkeypatch):
+    import longca.run.chunk
+
+    spec = tmp_path / "order.yaml"
+    # varlen takes document masks only: its full-mask cells are planned unsupported, and they come
+    # after naive's in plan order
+    spec.write_text("name: order\ndevice: cpu\nheads: ['2:2']\nhead_dims: [16]\ndtypes: [float32]\n"
+                    "passes: [fwd]\nsweeps:\n  - name: dense\n    kernels: [naive, varlen]\n    masks: [full]\n"
+                    "    seqlens: [64, 128]\n")
+    calls = []
+    monkeypatch.setattr(longca.run.chunk, "run_chunk", lambda spec, outputs, *a: calls.append(outputs) or 0)
+    assert main(["run", "--spec", str(spec), "--results", str(tmp_path / "r")]) == 0
+    assert [all("kernel=varlen" in o for o in outs) for outs in calls] == [True, False]
+    assert sum(len(o) for o in calls) == 4

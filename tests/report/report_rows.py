@@ -26,8 +26,8 @@ ENV = dict(device="cuda", device_name="Fixture GPU (synthetic)", device_count=8,
 
 def _cell(kernel: str, mask: str, pas: str, s: int, hq: int, hkv: int, **kw: Any) -> dict[str, Any]:
     cell_id = f"{kernel}/{mask}/{pas}/{s}/{hq}:{hkv}/" + "/".join(f"{k}={v}" for k, v in sorted(kw.items())
-                                                                   if k in ("density", "block_size", "world_size",
-                                                                            "cp_mechanism", "head_dim"))
+                                                                   if k in ("density", "block_size", "score_source",
+                                                                            "world_size", "cp_mechanism", "head_dim"))
     row = dict(ENV, kernel=kernel, mask=mask, **{"pass": pas}, seqlen_q=s, seqlen_k=s, batch=1, heads_q=hq,
                heads_kv=hkv, head_dim=128, head_dim_v=128, dtype="bf16", layout="bshd", cell_id=cell_id,
                world_size=1, kernel_family="softmax", mask_samples=1, mask_sample=0)

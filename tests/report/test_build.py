@@ -39,7 +39,11 @@ def test_downloads_hold_every_row(site: Path, rows_path: Path) -> None:
     rows = pq.read_table(rows_path)
     assert pq.read_table(site / "data" / "all.parquet").num_rows == rows.num_rows
     csv = pl.read_csv(site / "data" / "all.csv", infer_schema=False)
-    assert csv.height == rows.num_rows and "samples_ms" in csv.columns
+    assert csv.height == rows.num_rows and "median_ms" in csv.columns
+    # the samples stay in the Parquet only (they would be most of the CSV's bytes)
+    assert "samples_ms" not in csv.columns
+    assert pq.read_table(site / "data" / "all.parquet").column("samples_ms").to_pylist() == \
+        rows.column("samples_ms").to_pylist()
 
 
 def test_overview_content(site: Path) -> None:
@@ -150,14 +154,19 @@ def test_superseded_rows_are_listed_and_timed_but_never_drawn(tmp_path: Path) ->
                 heads_kv=8, head_dim=64, dtype="bf16", status="ok", median_ms=1.0, device_name="dev", host="h",
                 world_size=1, cell_wall_s=2.0)
     old = dict(base, cell_id="k/full@aaaa", cell_digest="aaaa", tflops=111.0, samples_ms=[500.0],
-               timestamp=datetime(2026, 12, 1, tzinfo=timezone.utc))
+               timestamp=datetime(2026, 12, 1, tzinfo=timezone.utc), clock_start_mhz=1981, clock_end_mhz=1979,
+               throttle_reasons="0x0")
     new = dict(base, cell_id="k/full@bbbb", cell_digest="bbbb", tflops=222.0, samples_ms=[1500.0],
-               timestamp=datetime(2026, 12, 2, tzinfo=timezone.utc))
+               timestamp=datetime(2026, 12, 2, tzinfo=timezone.utc), clock_start_mhz=1851, clock_end_mhz=1703,
+               throttle_reasons="0x4")
     pq.write_table(to_table([new, old]), tmp_path / "rows.parquet")
     build_report([tmp_path / "rows.parquet"], tmp_path / "site", png=False)
     status = (tmp_path / "site" / "status.html").read_text()
     assert "Superseded measurements" in status and "2026-12-01" in status
     assert "s (superseded)" in status and "0.75" in status and "0.25" in status  # each protocol's own share
+    # each protocol's clocks, side by side
+    clocks = status[status.index("GPU clocks"):]
+    assert all(str(mhz) in clocks for mhz in (1981, 1979, 1851, 1703)) and "sw_power_cap" in clocks
     csvs = "".join(p.read_text() for p in (tmp_path / "site" / "charts").glob("*.csv"))
     assert "222" in csvs and "111" not in csvs  # only the latest measurement is drawn
     # the download keeps every row

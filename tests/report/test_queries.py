@@ -314,3 +314,35 @@ def test_supersede_of_rows_without_digests_changes_nothing() -> None:
     rows = pl.from_arrow(to_table([_row(tflops=1.0), _row(tflops=2.0, mask="causal")]))
     current, old = queries.supersede(rows)
     assert current.equals(rows) and old.height == 0
+
+
+def test_throttle_names_decode_nvml_bits_and_keep_unknown_ones() -> None:
+    assert queries.throttle_names("0x0") == []
+    assert queries.throttle_names(None) == []
+    assert queries.throttle_names("0x4") == ["sw_power_cap"]
+    assert queries.throttle_names("0x24") == ["sw_power_cap", "sw_thermal"]
+    assert queries.throttle_names("0x1004") == ["sw_power_cap", "0x1000"]
+
+
+def test_clocks_per_sweep_over_ok_rows_with_a_clock() -> None:
+    w = dict(spec="s", sweep="w")
+    rows = [_row(cell_id="a", **w, clock_start_mhz=1980, clock_end_mhz=1980, throttle_reasons="0x0"),
+            _row(cell_id="b", **w, clock_start_mhz=1900, clock_end_mhz=1700, throttle_reasons="0x4"),
+            _row(cell_id="c", **w, clock_start_mhz=1800, clock_end_mhz=1750, throttle_reasons="0x24"),
+            _row(cell_id="d", **w, clock_start_mhz=None, clock_end_mhz=None),  # CPU row: no clock
+            _row(cell_id="e", **w, status="oom", clock_start_mhz=500, clock_end_mhz=500, throttle_reasons="0x8"),
+            _row(cell_id="f", spec="s", sweep="v", clock_start_mhz=1000, clock_end_mhz=990, throttle_reasons="0x0")]
+    out = queries.clocks(pl.from_arrow(to_table(rows)))
+    assert out.get_column("sweep").to_list() == ["v", "w"]
+    w_row = out.row(1, named=True)
+    assert w_row["rows"] == 3 and w_row["start_mhz"] == 1900 and w_row["end_mhz"] == 1750
+    assert w_row["power_capped"] == pytest.approx(2 / 3)
+    assert w_row["reasons"] == "sw_power_cap, sw_thermal"  # the oom row's hw_slowdown is not counted
+    assert out.row(0, named=True)["reasons"] == "" and out.row(0, named=True)["power_capped"] == 0
+
+
+def test_cells_do_not_depend_on_the_order_of_the_rows() -> None:
+    rows = pl.from_arrow(synthetic_table())
+    shuffled = rows.sample(fraction=1.0, shuffle=True, seed=3)
+    assert not rows.equals(shuffled)
+    assert queries.cells(rows).equals(queries.cells(shuffled))
