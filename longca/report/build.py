@@ -217,39 +217,42 @@ def _status_page(rows: pl.DataFrame, c: pl.DataFrame, probe: pl.DataFrame | None
     extra = [f for f in (probe, None if superseded is None or not superseded.height
                          else superseded.with_columns(spec=pl.col("spec") + " (superseded)")) if f is not None]
     timing_rows = pl.concat([rows, *extra], how="diagonal_relaxed") if extra else rows
-    spent = queries.measurement_time(timing_rows)
-    if spent.height:
-        page.h2("Measurement time")
-        page.p("Per sweep: summed timed kernel time (every timed sample) over summed cell wall time (one wall "
-               "clock per cell: inputs, masks, compilation, the correctness check, warm-up and timing). "
-               "Process start-up and scheduling lie outside the cells, so the sweep's own ratio is lower."
-               + (" Rows marked (probe FILE) re-measure cells under another protocol to see where the time "
-                  "goes: they appear in these tables only, never in the charts, and are in data/probes.parquet."
-                  if probe is not None and probe.height else ""))
-        page.table(_table(spent, ["spec", "sweep", "cells", "timed_s", "wall_s", "timed_share"],
-                          numeric=["cells", "timed_s", "wall_s", "timed_share"]))
-    phases = queries.measurement_phases(timing_rows)
-    if phases.height:
-        page.h2("Where the cell wall time goes")
-        page.p("Per sweep, over the cells whose rows record phase times (result schema 2 on; older rows are left "
-               "out): shares of the summed cell wall time. timed: the timed samples; warmup: warm-up calls beyond "
-               "their compilation; compile: the first call's compilation; other_timer: the rest of the timer call "
-               "(fresh untimed forwards before timed backwards, L2 flushes, launch gaps); check: the correctness "
-               "check (once per configuration and process); mask_build: masks and kernel preparation; rest: "
-               "inputs and everything else inside the cell.")
-        shares = [f"{p}_share" for p in queries.PHASES]
-        page.table(_table(phases, ["spec", "sweep", "cells", "wall_s", *shares], numeric=["cells", "wall_s", *shares]))
-    clk = queries.clocks(timing_rows)
-    if clk.height:
-        page.h2("GPU clocks")
-        page.p("Per sweep, over its ok rows: the SM clock read as each row's measurement began and ended (median, "
-               "and the 10th percentile at the end), the share of rows that ended under the software power cap, "
-               "and every throttle reason seen at the end (NVML's names). Many back-to-back calls run under the "
-               "power cap at lower clocks than a short burst does: compare timings of different protocols with "
-               "their clocks in view.")
-        clk_cols = ["spec", "sweep", "rows", "start_mhz", "end_mhz", "end_p10_mhz", "power_capped", "reasons"]
-        page.table(_table(clk, clk_cols, numeric=clk_cols[2:7]))
+    _table_section(
+        page, "Measurement time", queries.measurement_time(timing_rows),
+        ["spec", "sweep", "cells", "timed_s", "wall_s", "timed_share"],
+        "Per sweep: summed timed kernel time (every timed sample) over summed cell wall time (one wall clock per "
+        "cell: inputs, masks, compilation, the correctness check, warm-up and timing). Process start-up and "
+        "scheduling lie outside the cells, so the sweep's own ratio is lower."
+        + (" Rows marked (probe FILE) re-measure cells under another protocol to see where the time goes: they "
+           "appear in these tables only, never in the charts, and are in data/probes.parquet."
+           if probe is not None and probe.height else ""))
+    shares = [f"{p}_share" for p in queries.PHASES]
+    _table_section(
+        page, "Where the cell wall time goes", queries.measurement_phases(timing_rows),
+        ["spec", "sweep", "cells", "wall_s", *shares],
+        "Per sweep, over the cells whose rows record phase times (result schema 2 on; older rows are left out): "
+        "shares of the summed cell wall time. timed: the timed samples; warmup: warm-up calls beyond their "
+        "compilation; compile: the first call's compilation; other_timer: the rest of the timer call (fresh "
+        "untimed forwards before timed backwards, L2 flushes, launch gaps); check: the correctness check (once "
+        "per configuration and process); mask_build: masks and kernel preparation; rest: inputs and everything "
+        "else inside the cell.")
+    _table_section(
+        page, "GPU clocks", queries.clocks(timing_rows),
+        ["spec", "sweep", "rows", "start_mhz", "end_mhz", "end_p10_mhz", "power_capped", "reasons"],
+        "Per sweep, over its ok rows: the SM clock read as each row's measurement began and ended (median, and "
+        "the 10th percentile at the end), the share of rows that ended under the software power cap, and every "
+        "throttle reason seen at the end (NVML's names). Many back-to-back calls run under the power cap at "
+        "lower clocks than a short burst does: compare timings of different protocols with their clocks in view.")
     return page
+
+
+def _table_section(page: Page, title: str, df: pl.DataFrame, cols: list[str], text: str) -> None:
+    """A heading, its explanation and the table, when the table has rows; columns after spec and
+    sweep are numbers except `reasons`."""
+    if df.height:
+        page.h2(title)
+        page.p(text)
+        page.table(_table(df, cols, numeric=[c for c in cols if c not in ("spec", "sweep", "reasons")]))
 
 
 def _peers_page(peer: pl.DataFrame, path: Path | None) -> Page:
