@@ -7,7 +7,7 @@ CELLS.json is a list of cells (dicts) with keys: cell_id, mechanism, mask, mask_
 (global), batch, heads_q, heads_kv, head_dim, dtype, pass, world_size, degrees {ulysses, ring,
 windows}, balance, local_kernel, seed, warmup, iters, budget_s, device, backend; optional:
 mask_sample, check_seqlen, warmup_s (warm-up time budget: stop warming up once every rank has spent
-it, after at least one iteration). Each cell yields DIR/<cell_id>.json (written atomically) whose keys
+it, after at least one iteration), cooldown_s (every rank idles this long before the warm-up). Each cell yields DIR/<cell_id>.json (written atomically) whose keys
 are columns of longca.store.schema, with a status: ok, unsupported, incorrect, oom or error.
 
 Per cell: the mask is cut for this sharding; the mechanism is first checked against a
@@ -54,6 +54,8 @@ from longca.cp.sharding import BALANCES, granule, make_sharding
 from longca.cp.ulysses import kv_replication
 from longca.kernels.registry import load_plugins
 from longca.masks.registry import PATTERNS, build_mask
+from longca.measure.cooldown import cool_down
+from longca.measure.env import gpu_clock_state
 from longca.measure.timer import RETAINED_GRAPH
 
 PASSES = ("fwd", "bwd", "fwd_bwd")
@@ -97,6 +99,20 @@ def init_distributed(backend: str | None = None, timeout_s: float = DEFAULT_TIME
         torch.cuda.set_device(local)
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
     return dist.get_rank(), dist.get_world_size(), local
+
+
+def _rank_clocks(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+    """The lowest SM clock over ranks at start and end, and the throttle reasons of any rank."""
+    def low(key: str) -> int | None:
+        values = [r[key] for r in per_rank if r.get(key) is not None]
+        return min(values) if values else None
+
+    masks = [int(r["throttle"], 16) for r in per_rank if r.get("throttle")]
+    either = 0
+    for m in masks:
+        either |= m
+    return {"clock_start_mhz": low("clock0"), "clock_end_mhz": low("clock1"),
+            "throttle_reasons": hex(either) if masks else None}
 
 
 def _agree(code: int, device: torch.device) -> int:
@@ -285,6 +301,11 @@ def measure(cell: dict, rank: int, world: int, device: torch.device, kernel, row
     budget = float(cell.get("budget_s", 60.0))
     warmup, iters = int(cell.get("warmup", 5)), int(cell.get("iters", 20))
     warmup_s = cell.get("warmup_s")
+    # every rank idles together (repeat.cooldown_s), then reads its clock
+    dist.barrier()
+    idle_s = cool_down(cell.get("cooldown_s"), device)
+    dist.barrier()
+    clock0 = gpu_clock_state() if device.type == "cuda" else {}
     t_begin = time.perf_counter()
     tw = time.perf_counter()
     warmed = 0
@@ -328,7 +349,10 @@ def measure(cell: dict, rank: int, world: int, device: torch.device, kernel, row
     free = loop(max(1, min(len(samples), iters)))
     comm.enabled = True
     timer_wall = time.perf_counter() - tw
-    per_rank = _gather({"samples": samples, "free": free, "bytes": bytes_per_iter, "peak": peak})
+    clock1 = gpu_clock_state() if device.type == "cuda" else {}
+    per_rank = _gather({"samples": samples, "free": free, "bytes": bytes_per_iter, "peak": peak,
+                        "clock0": clock0.get("clock_mhz"), "clock1": clock1.get("clock_mhz"),
+                        "throttle": clock1.get("throttle")})
     n_it = min(len(r["samples"]) for r in per_rank)
     it_ms = [max(r["samples"][i] for r in per_rank) for i in range(n_it)]
     n_free = min(len(r["free"]) for r in per_rank)
@@ -338,8 +362,10 @@ def measure(cell: dict, rank: int, world: int, device: torch.device, kernel, row
     row.update(
         samples_ms=it_ms, median_ms=med, p20_ms=float(np.percentile(it_ms, 20)), p80_ms=float(np.percentile(it_ms, 80)),
         warmup_iters=warmed, timed_iters=n_it, rank_ms=[_median(r["samples"]) for r in per_rank],
-        warmup_s=warmup_wall,
+        warmup_s=warmup_wall, cooldown_s=idle_s,
         timer_wall_s=timer_wall,  # warm-up, both timed loops (with and without communication), barriers
+        # the slowest rank's clock bounds each iteration (the max over ranks); reasons of any rank
+        **_rank_clocks(per_rank),
         rank_bytes_sent=[int(r["bytes"]) for r in per_rank],
         rank_peak_mem_bytes=[r["peak"] for r in per_rank] if device.type == "cuda" else None,
         peak_mem_bytes=max(r["peak"] for r in per_rank) if device.type == "cuda" else None,

@@ -234,8 +234,8 @@ def _status_page(rows: pl.DataFrame, c: pl.DataFrame, probe: pl.DataFrame | None
         "shares of the summed cell wall time. timed: the timed samples; warmup: warm-up calls beyond their "
         "compilation; compile: the first call's compilation; other_timer: the rest of the timer call (fresh "
         "untimed forwards before timed backwards, L2 flushes, launch gaps); check: the correctness check (once "
-        "per configuration and process); mask_build: masks and kernel preparation; rest: inputs and everything "
-        "else inside the cell.")
+        "per configuration and process); mask_build: masks and kernel preparation; cooldown: idle pauses before "
+        "measurements (repeat.cooldown_s); rest: inputs and everything else inside the cell.")
     _table_section(
         page, "GPU clocks", queries.clocks(timing_rows),
         ["spec", "sweep", "rows", "start_mhz", "end_mhz", "end_p10_mhz", "power_capped", "reasons"],

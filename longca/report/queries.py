@@ -222,7 +222,7 @@ def measurement_time(rows: pl.DataFrame) -> pl.DataFrame:
             .sort("spec", "sweep"))
 
 
-PHASES = ("timed", "warmup", "other_timer", "check", "compile", "mask_build", "rest")
+PHASES = ("timed", "warmup", "other_timer", "check", "compile", "mask_build", "cooldown", "rest")
 
 
 def measurement_phases(rows: pl.DataFrame) -> pl.DataFrame:
@@ -233,7 +233,8 @@ def measurement_phases(rows: pl.DataFrame) -> pl.DataFrame:
     samples), `compile` (compile_s), `warmup` (warm-up wall beyond the compilation inside it),
     `other_timer` (the rest of the timer call: untimed fresh forwards before timed backwards, L2
     flushes, launch gaps), `check` (correctness check, once per cell), `mask_build` (masks and
-    kernel preparation) and `rest` (inputs, peak and clock reads, row assembly). compile_s is
+    kernel preparation), `cooldown` (idle pauses before measurements, repeat.cooldown_s) and `rest`
+    (inputs, peak and clock reads, row assembly). compile_s is
     measured on the first warm-up call, so it is counted inside the warm-up up to the warm-up's
     length; any excess (compilation outside the timer, CP plans) comes out of `rest`.
     """
@@ -245,12 +246,13 @@ def measurement_phases(rows: pl.DataFrame) -> pl.DataFrame:
                            warmup_all_s=n("warmup_s").sum(),
                            compile_s=n("compile_s").sum(),
                            compile_in_s=inside.sum(),
-                           mask_build_s=n("mask_build_s").sum())
+                           mask_build_s=n("mask_build_s").sum(),
+                           cooldown_s=n("cooldown_s").sum())
     per_cell = per_cell.with_columns(
         warmup_s=pl.col("warmup_all_s") - pl.col("compile_in_s"),
         other_timer_s=pl.col("timer_s") - pl.col("warmup_all_s") - pl.col("timed_s"),
         rest_s=(pl.col("wall_s") - pl.col("timer_s") - pl.col("check_s") - pl.col("mask_build_s")
-                - (pl.col("compile_s") - pl.col("compile_in_s"))))
+                - pl.col("cooldown_s") - (pl.col("compile_s") - pl.col("compile_in_s"))))
     out = (per_cell.group_by("spec", "sweep")
            .agg(pl.len().alias("cells"), pl.col("wall_s").sum(), *[pl.col(f"{p}_s").sum() for p in PHASES])
            .sort("spec", "sweep"))

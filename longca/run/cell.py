@@ -22,6 +22,7 @@ from longca.kernels.base import (DTYPES, Unsupported, backward_refusal, choose_f
 from longca.masks.forms import forms_of
 from longca.masks.mask import Mask
 from longca.masks.registry import PATTERNS, build_mask, resolve_params
+from longca.measure.cooldown import cool_down
 from longca.measure.env import environment, gpu_clock_state
 from longca.measure.flops import attention_flops
 from longca.measure.peak import peak_tflops
@@ -301,6 +302,7 @@ def _measure_sample(cell: Cell, device: torch.device, sample: int, check: dict[s
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
+    idle_s = cool_down(rep.get("cooldown_s"), device)  # before the clock read: it shows what the pause gave
     clock0 = gpu_clock_state() if device.type == "cuda" else {}
 
     def clear_grads():
@@ -346,7 +348,7 @@ def _measure_sample(cell: Cell, device: torch.device, sample: int, check: dict[s
         "timer": timing.timer, "warmup_iters": timing.warmup_iters, "timed_iters": timing.timed_iters,
         "l2_flush": timing.l2_flush, "samples_ms": timing.samples_ms, "median_ms": timing.median_ms,
         "p20_ms": timing.p20_ms, "p80_ms": timing.p80_ms, "mask_build_s": build_s + prepared.build_s,
-        "compile_s": max(prepared.compile_s, timing.compile_s), "warmup_s": timing.warmup_wall_s,
+        "compile_s": max(prepared.compile_s, timing.compile_s), "warmup_s": timing.warmup_wall_s, "cooldown_s": idle_s,
         "timer_wall_s": timing.wall_s, "flops": flops, "flop_model": "softmax_exact_area", "tflops": tflops,
         "tokens_per_s": cell.batch * cell.seqlen / (timing.median_ms * 1e-3), "peak_mem_bytes": peak,
         "backend": prepared.info.get("backend"), "clock_start_mhz": clock0.get("clock_mhz"),

@@ -12,7 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 2  # 2: phase times check_s, timer_wall_s, warmup_s
+SCHEMA_VERSION = 3  # 2: phase times check_s, timer_wall_s, warmup_s; 3: cooldown_s
 
 STATUSES = ("ok", "unsupported", "oom", "error", "timeout", "incorrect")
 
@@ -84,6 +84,8 @@ _FIELDS: list[tuple[str, pa.DataType, str]] = [
                                    "timed one (fresh forwards), L2 flushes, timed calls (since v2)"),
     ("warmup_s", pa.float64(), "wall seconds of this row's warm-up iterations, compile_s included; capped by "
                                "the spec's repeat.warmup_s if set (since v2)"),
+    ("cooldown_s", pa.float64(), "wall seconds idle before this row's measurement (the spec's repeat.cooldown_s, "
+                                 "for the GPU clock to recover); 0 without one (since v3)"),
     ("flops", pa.float64(), "FLOPs of one timed iteration (exact mask area)"),
     ("flop_model", pa.string(), "softmax_exact_area | linear_<family>"),
     ("tflops", pa.float64(), "flops / median time; per-GPU for CP"),
@@ -153,5 +155,6 @@ def schema_markdown() -> str:
     """The README's schema table, generated from the one definition above."""
     lines = ["| column | type | meaning |", "| --- | --- | --- |"]
     for n, t, d in _FIELDS:
-        lines.append(f"| `{n}` | {t} | {d} |")
+        cell = d.replace("|", "\\|")  # a bare | would end the Markdown table cell
+        lines.append(f"| `{n}` | {t} | {cell} |")
     return "\n".join(lines)

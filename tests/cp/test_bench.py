@@ -31,6 +31,7 @@ CELLS = [
     dict(BASE, cell_id="wrong_kernel", local_kernel="off_by_one_percent"),
     dict(BASE, cell_id="warm_count", warmup=3, **{"pass": "fwd"}),
     dict(BASE, cell_id="warm_budget", warmup=3, warmup_s=1e-9, **{"pass": "fwd"}),  # ranks stop together
+    dict(BASE, cell_id="cooled", cooldown_s=0.2, **{"pass": "fwd"}),  # every rank idles before its warm-up
 ]
 
 
@@ -103,3 +104,8 @@ def test_cells_become_rows(tmp_path):
     assert ok["warmup_iters"] == 1
     assert rows["warm_count"]["warmup_iters"] == 3
     assert rows["warm_budget"]["status"] == "ok" and rows["warm_budget"]["warmup_iters"] == 1
+    cooled = rows["cooled"]
+    assert cooled["status"] == "ok" and cooled["cooldown_s"] >= 0.2 and ok["cooldown_s"] == 0.0
+    # the pause lies outside the timer and inside the cell
+    assert cooled["timer_wall_s"] + cooled["cooldown_s"] <= cooled["cell_wall_s"]
+    assert ok.get("clock_start_mhz") is None  # CPU ranks have no GPU clock to read

@@ -194,14 +194,15 @@ def test_measurement_phases_add_up_to_the_wall_of_cells_with_phase_times() -> No
             _row(cell_id="b", **w, samples_ms=[50.0], cell_wall_s=3.0, schema_version=1),  # schema 1: left out
             _row(cell_id="c", **w, status="unsupported", samples_ms=None, cell_wall_s=0.5),  # all of it is rest
             # compilation longer than the warm-up (outside the timer, like a CP plan): the excess leaves `rest`
+            # and an idle pause before its measurement (repeat.cooldown_s) is its own phase
             _row(cell_id="d", **w, samples_ms=[100.0], warmup_s=0.1, compile_s=0.3, timer_wall_s=0.25,
-                 mask_build_s=0.0, check_s=0.0, cell_wall_s=1.0)]
+                 mask_build_s=0.0, check_s=0.0, cooldown_s=0.2, cell_wall_s=1.0)]
     df = pl.from_arrow(to_table(rows))
     t = queries.measurement_phases(df)
     assert t.height == 1 and t.item(0, "cells") == 3
     assert t.item(0, "wall_s") == pytest.approx(3.0)
     want = {"timed": 0.5, "warmup": 0.4, "other_timer": 0.1, "check": 0.2, "compile": 0.4, "mask_build": 0.1,
-            "rest": 0.25 + 0.5 + 0.55}
+            "cooldown": 0.2, "rest": 0.25 + 0.5 + 0.35}
     for phase, seconds in want.items():
         assert t.item(0, f"{phase}_s") == pytest.approx(seconds), phase
         assert t.item(0, f"{phase}_share") == pytest.approx(seconds / 3.0), phase

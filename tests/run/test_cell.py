@@ -132,6 +132,17 @@ def test_warmup_time_budget_of_the_spec_cuts_the_warmups():
     assert row["status"] == "ok" and row["warmup_iters"] == 1
 
 
+def test_cooldown_of_the_spec_idles_before_each_measured_row():
+    fixed = "warmup: 1, iters: 1, min_iters: 1, budget_s: 0.2, l2_flush: false"
+    (plain,) = run_cell(expand(spec("[naive]", masks="[full]", passes="[fwd]", repeat=fixed))[0])
+    assert plain["cooldown_s"] == 0.0
+    rows = run_cell(expand(spec("[naive]", masks="[full]", passes="[fwd]", repeat=fixed + ", cooldown_s: 0.15"))[0])
+    for r in rows:
+        assert r["status"] == "ok" and r["cooldown_s"] >= 0.15
+        # outside the timer, inside the cell
+        assert r["timer_wall_s"] + r["check_s"] + r["mask_build_s"] + r["cooldown_s"] <= r["cell_wall_s"]
+
+
 @pytest.mark.parametrize("kernel", ["naive", "sdpa_math"])
 def test_backward_on_a_retained_graph_runs_one_forward(kernel, monkeypatch):
     from longca.kernels import registry

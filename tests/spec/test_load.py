@@ -77,6 +77,8 @@ BAD = [
     (spec_with(repeat={"warmup_s": 0}), "repeat.warmup_s", ["0", "minimum"]),
     (spec_with(repeat={"warmup_s": "1s"}), "repeat.warmup_s", ["1s", "number"]),
     (spec_with(repeat={"warmup_s": float("nan")}), "sweeps.0.repeat.warmup_s", ["nan", "positive, finite"]),
+    (spec_with(repeat={"cooldown_s": -1}), "repeat.cooldown_s", ["-1", "minimum"]),
+    (spec_with(repeat={"cooldown_s": "2s"}), "repeat.cooldown_s", ["2s", "number"]),
     (spec_with(repeat={"backward": "retain"}), "repeat.backward", ["retain", "allowed", "retained_graph"]),
     (spec_with(repeat={"backward": "fresh_forward"}, sweep_cp={"mechanisms": ["ring_p2p"], "world_sizes": [2]}),
      "sweeps.0.repeat.backward", ["fresh_forward", "retained_graph"]),
@@ -127,7 +129,9 @@ def test_yaml_is_loaded_safely():
 
 
 def test_warmup_budget_is_optional_and_inherited():
+    # neither is defaulted: a default would change every existing cell's digest
     assert "warmup_s" not in load_spec(text=GOOD).sweeps[0].repeat
+    assert "cooldown_s" not in load_spec(text=GOOD).sweeps[0].repeat
     spec = load_spec(text=spec_with(repeat={"warmup": 10, "warmup_s": 0.25}))
     assert spec.sweeps[0].repeat["warmup_s"] == 0.25 and spec.sweeps[0].repeat["warmup"] == 10
 

@@ -13,6 +13,8 @@ from longca.store.schema import SCHEMA, SCHEMA_VERSION
 from longca.store.write import write_rows
 
 NEW_IN_2 = ("check_s", "timer_wall_s", "warmup_s")
+NEW_IN_3 = ("cooldown_s",)
+ADDED = {2: NEW_IN_2, 3: NEW_IN_3}  # columns each schema version added
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -25,10 +27,11 @@ def _row(cell: str, **kw) -> dict:
     return row
 
 
-def _write_v1(path: Path, rows: list[dict]) -> None:
-    """A file as schema 1 wrote it: no phase columns, schema_version 1."""
-    old = pa.schema([f for f in SCHEMA if f.name not in NEW_IN_2])
-    cols = {f.name: pa.array([(1 if f.name == "schema_version" else r.get(f.name)) for r in rows], type=f.type)
+def _write_old(path: Path, rows: list[dict], version: int) -> None:
+    """A file as schema `version` wrote it: without the columns later versions added."""
+    later = {c for v, cols in ADDED.items() if v > version for c in cols}
+    old = pa.schema([f for f in SCHEMA if f.name not in later])
+    cols = {f.name: pa.array([(version if f.name == "schema_version" else r.get(f.name)) for r in rows], type=f.type)
             for f in old}
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.table(cols, schema=old), path)
@@ -36,10 +39,11 @@ def _write_v1(path: Path, rows: list[dict]) -> None:
 
 @pytest.fixture
 def mixed(tmp_path: Path) -> list[str]:
-    old, new = tmp_path / "cells" / "old.parquet", tmp_path / "cells" / "new.parquet"
-    _write_v1(old, [_row("a")])
-    write_rows(new, [_row("b", check_s=0.25, timer_wall_s=0.5, warmup_s=0.125)])
-    return [str(old), str(new)]
+    v1, v2, new = (tmp_path / "cells" / f"{n}.parquet" for n in ("v1", "v2", "new"))
+    _write_old(v1, [_row("a")], 1)
+    _write_old(v2, [_row("c", check_s=0.5, timer_wall_s=1.0, warmup_s=0.25)], 2)
+    write_rows(new, [_row("b", check_s=0.25, timer_wall_s=0.5, warmup_s=0.125, cooldown_s=2.0)])
+    return [str(v1), str(v2), str(new)]
 
 
 def _by_cell(table: pa.Table) -> dict[str, dict]:
@@ -50,40 +54,51 @@ def _by_cell(table: pa.Table) -> dict[str, dict]:
 def test_aggregating_old_and_new_files_keeps_both(mixed: list[str], tmp_path: Path, union) -> None:
     assert all(damage(f) is None for f in mixed)  # an old file is sound, not damaged
     out = tmp_path / "all.parquet"
-    assert union(mixed, out) == 2
+    assert union(mixed, out) == 3
     rows = _by_cell(pq.read_table(out))
-    assert rows["a"]["schema_version"] == 1 and rows["b"]["schema_version"] == SCHEMA_VERSION == 2
-    assert [rows["a"][c] for c in NEW_IN_2] == [None, None, None]
-    assert [rows["b"][c] for c in NEW_IN_2] == [0.25, 0.5, 0.125]
+    assert (rows["a"]["schema_version"], rows["c"]["schema_version"], rows["b"]["schema_version"]) == (
+        1, 2, SCHEMA_VERSION)
+    assert SCHEMA_VERSION == 3
+    assert [rows["a"][c] for c in NEW_IN_2 + NEW_IN_3] == [None, None, None, None]
+    assert [rows["c"][c] for c in NEW_IN_2 + NEW_IN_3] == [0.5, 1.0, 0.25, None]
+    assert [rows["b"][c] for c in NEW_IN_2 + NEW_IN_3] == [0.25, 0.5, 0.125, 2.0]
 
 
 def test_unpacking_a_mixed_aggregate_keeps_each_rows_version(mixed: list[str], tmp_path: Path) -> None:
     out = tmp_path / "all.parquet"
     aggregate(mixed, out)
-    assert unpack(out, tmp_path / "results") == (2, 0)
+    assert unpack(out, tmp_path / "results") == (3, 0)
     table, _ = read_rows([tmp_path / "results"])
     rows = _by_cell(table)
     assert (rows["a"]["schema_version"], rows["a"]["check_s"]) == (1, None)
-    assert (rows["b"]["schema_version"], rows["b"]["check_s"]) == (2, 0.25)
+    assert (rows["c"]["schema_version"], rows["c"]["check_s"], rows["c"]["cooldown_s"]) == (2, 0.5, None)
+    assert (rows["b"]["schema_version"], rows["b"]["check_s"], rows["b"]["cooldown_s"]) == (3, 0.25, 2.0)
 
 
 def test_report_loader_reads_old_and_new_files_together(mixed: list[str]) -> None:
     table, df = read_rows(mixed)
     assert table.schema == SCHEMA
-    assert df.sort("cell_id").get_column("timer_wall_s").to_list() == [None, 0.5]
+    assert df.sort("cell_id").get_column("timer_wall_s").to_list() == [None, 0.5, 1.0]
+    assert df.sort("cell_id").get_column("cooldown_s").to_list() == [None, 2.0, None]
 
 
-def test_committed_schema_1_results_still_read(tmp_path: Path) -> None:
+def test_committed_results_of_older_schemas_still_read(tmp_path: Path) -> None:
+    import pyarrow.compute as pc
+
     committed = ROOT / "results" / "h200" / "all.parquet"
     if not committed.is_file():
         pytest.skip("no committed results")
-    old = pq.read_table(committed).slice(0, 20)
-    if 1 not in old.column("schema_version").to_pylist():
-        pytest.skip("no schema 1 rows among the first committed rows")
+    table = pq.read_table(committed)
+    # up to 20 committed rows of each older schema the file holds (1 and 2 when this was written)
+    versions = sorted(v for v in set(table.column("schema_version").to_pylist()) if v < SCHEMA_VERSION)
+    assert versions, "the committed results hold no older-schema rows"
+    old = pa.concat_tables([table.filter(pc.equal(table["schema_version"], v)).slice(0, 20) for v in versions])
     pq.write_table(old, tmp_path / "old.parquet")
-    write_rows(tmp_path / "new.parquet", [_row("b", check_s=0.0, timer_wall_s=0.5, warmup_s=0.125)])
+    write_rows(tmp_path / "new.parquet", [_row("b", check_s=0.0, timer_wall_s=0.5, warmup_s=0.125, cooldown_s=0.0)])
     files = [str(tmp_path / "old.parquet"), str(tmp_path / "new.parquet")]
-    assert aggregate(files, tmp_path / "all.parquet") == 21
-    table, df = read_rows([tmp_path / "all.parquet"])
-    assert df.filter(df["schema_version"] == 1).get_column("check_s").null_count() == 20
-    assert df.filter(df["schema_version"] == 2).get_column("check_s").to_list() == [0.0]
+    assert aggregate(files, tmp_path / "all.parquet") == old.num_rows + 1
+    _, df = read_rows([tmp_path / "all.parquet"])
+    if 1 in versions:
+        assert df.filter(df["schema_version"] == 1).get_column("check_s").null_count() == 20
+    assert df.filter(df["schema_version"] < SCHEMA_VERSION).get_column("cooldown_s").null_count() == old.num_rows
+    assert df.filter(df["schema_version"] == SCHEMA_VERSION).get_column("cooldown_s").to_list() == [0.0]
