@@ -301,10 +301,11 @@ def measure(cell: dict, rank: int, world: int, device: torch.device, kernel, row
     budget = float(cell.get("budget_s", 60.0))
     warmup, iters = int(cell.get("warmup", 5)), int(cell.get("iters", 20))
     warmup_s = cell.get("warmup_s")
-    # every rank idles together (repeat.cooldown_s), then reads its clock
-    dist.barrier()
-    idle_s = cool_down(cell.get("cooldown_s"), device)
-    dist.barrier()
+    idle_s = 0.0
+    if cell.get("cooldown_s"):  # every rank idles together (repeat.cooldown_s), then reads its clock
+        dist.barrier()
+        idle_s = cool_down(cell["cooldown_s"], device)
+        dist.barrier()
     clock0 = gpu_clock_state() if device.type == "cuda" else {}
     t_begin = time.perf_counter()
     tw = time.perf_counter()
