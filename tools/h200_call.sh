@@ -50,6 +50,9 @@
 #                       every participant's K/V in memory, nothing sent): its local work against
 #                       single-GPU cuDNN, causal and full, 32K and 64K per GPU, GQA and MHA, each
 #                       rank checked first; log cp_local.log, rows cp_local.json
+#     cooldown_probe    the probe spec's dense_sustained sweep (12 cuDNN cells under the dense
+#                       sweep's protocol), then dense_cooldown (the same with 2 s idle before each
+#                       row), one scratch folder, returned as OUTDIR/cooldown-probe.parquet (no FA4 needed)
 #     flex_retained     whether compiled Flex runs several backwards on one retained graph
 #                       (benchmarks/flex_retained_graph.py, GPU 0), log flex-retained.log
 set -u
@@ -225,6 +228,9 @@ case "$1" in
     done ;;
   efficiency_sweep)
     scratch_run efficiency-sweep specs/h200-efficiency-probe.yaml --sweep dense_range ;;
+  cooldown_probe)  # sustained first (it leaves the GPU warm, as a sweep does), then with the cool-down
+    scratch_run cooldown-probe specs/h200-efficiency-probe.yaml --sweep dense_sustained
+    KEEP=1 scratch_run cooldown-probe specs/h200-efficiency-probe.yaml --sweep dense_cooldown ;;
   cp_local)
     CUDA_VISIBLE_DEVICES=0 timeout -k 10 -s TERM "$(capped 300)" python3 benchmarks/cp_rank_local.py "$logs/cp_local.json" \
       --masks causal full --tokens-per-gpu 32768 65536 --heads 64:8 64:64 > "$logs/cp_local.log" 2>&1 ;;
