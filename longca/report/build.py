@@ -17,12 +17,12 @@ from pathlib import Path
 
 import polars as pl
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 import longca
 from longca.report import assets, charts, export, gallery, load, pages, peers, queries
 from longca.report.charts import ChartSpec
 from longca.report.pages import Page, Table
+from longca.store.write import write_table
 
 EXPORTS = [("svg", "SVG"), ("png", "PNG"), ("csv", "data (CSV)"), ("vl.json", "Vega-Lite spec")]
 _NON_OK_COLS = ["status", "reason", "kernel", "mask", "pass", "seqlen_q", "batch", "shape", "world_size",
@@ -316,12 +316,12 @@ def _provenance_page(rows: pl.DataFrame, data: Sequence[Path], spec: Path | None
 def _write_data(table, out: Path, probe_table=None) -> None:
     d = out / "data"
     d.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, d / "all.parquet", compression="zstd")
+    write_table(d / "all.parquet", table)
     # Per-iteration samples are most of the bytes (up to 1000 per row) and unreadable as CSV text; the
     # CSV keeps every other column, with the counts (timed_iters) and the statistics drawn from them.
     export.csv_safe(pl.from_arrow(table).drop("samples_ms", strict=False)).write_csv(d / "all.csv")
     if probe_table is not None:
-        pq.write_table(probe_table, d / "probes.parquet", compression="zstd")
+        write_table(d / "probes.parquet", probe_table)
 
 
 def _stale_cells(rows: pl.DataFrame, spec_path: Path) -> pl.DataFrame | None:
