@@ -84,7 +84,7 @@ if [ -f .triton-autotune/triton-autotune.tar.gz ]; then tar xzf .triton-autotune
 ngpu=$(python3 -c 'import torch; print(torch.cuda.device_count())')
 # Earlier calls' results travel as aggregates; restoring their cell files makes this call add only
 # the missing cells.
-for agg in results/*/all.parquet; do [ -f "$agg" ] && python3 -m longca.cli unpack "$agg" > "$logs/unpack.log" 2>&1; done
+for agg in results/*/all.parquet; do [ -f "$agg" ] && python3 -m longca.cli unpack "$agg" >> "$logs/unpack.log" 2>&1; done
 { nvidia-smi; python3 -c 'import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__)'; } > "$logs/env.txt" 2>&1
 left() { local s=$(( limit - (SECONDS - start) - 40 )); echo $(( s > 5 ? s : 5 )); }
 capped() { local l; l=$(left); echo $(( l < $1 ? l : $1 )); }  # seconds left, at most $1

@@ -22,7 +22,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _aggregate(args: argparse.Namespace) -> int:
     from longca.spec.cells import expand
     from longca.spec.load import load_spec
-    from longca.store.aggregate import aggregate, aggregate_arrow
+    from longca.store.aggregate import aggregate
 
     spec = load_spec(args.spec)
     files = [c.output(args.results) for c in expand(spec)]
@@ -30,12 +30,7 @@ def _aggregate(args: argparse.Namespace) -> int:
         import os
 
         files = [f for f in files if os.path.exists(f)]
-    try:
-        import duckdb  # noqa: F401
-    except ImportError:
-        n = aggregate_arrow(files, args.out)
-    else:
-        n = aggregate(files, args.out)
+    n = aggregate(files, args.out)
     print(f"aggregated {len(files)} cells, {n} rows -> {args.out}")
     if args.keep:
         from longca.store.aggregate import keep_rows_outside

@@ -11,7 +11,8 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,6 @@ class Cell:
     cp_degrees: tuple[tuple[str, int], ...] = ()
     cp_balance: str | None = None
     cp_backend: str | None = None
-    _digest: str = field(default="", compare=False, repr=False)
 
     @property
     def mask_variant(self) -> str:
@@ -62,9 +62,9 @@ class Cell:
         parts = [f"{k}{v}" for k, v in self.cp_degrees] + ([self.cp_balance] if self.cp_balance else [])
         return "-".join(parts) or "default"
 
-    @property
+    @cached_property  # frozen, so computed once: planning thousands of cells asks for it often
     def digest(self) -> str:
-        payload = {k: v for k, v in asdict(self).items() if k != "_digest"}
+        payload = asdict(self)
         return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     @property
@@ -98,7 +98,7 @@ class Cell:
         return json.loads(self.check)
 
     def to_json(self) -> dict[str, Any]:
-        d = {k: v for k, v in asdict(self).items() if k != "_digest"}
+        d = asdict(self)
         d["id"] = self.id
         d["digest"] = self.digest
         return d

@@ -1,62 +1,93 @@
-"""Aggregate a spec run's cell files into one table with DuckDB."""
+"""Aggregate a spec run's cell files into one table (Polars; pyarrow alone where Polars is absent)."""
 
 from __future__ import annotations
 
 import os
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 _IO_THREADS = min(16, os.cpu_count() or 1)  # Parquet reads, writes and fsync release the GIL
+_ORDER = ["sweep", "kernel", "mask", "seqlen_q", "cell_id", "mask_sample"]  # the aggregate's row order
 
 
 def aggregate(files: list[str], out: str | Path) -> int:
-    """Union every cell file (by column name) into one Parquet file, written atomically.
+    """Union every cell file (by column name) into one Parquet file, sorted, written atomically.
 
     Only the files of the current plan are read (a list, not a glob), so results of cells that
     left the spec never leak into its report. Returns the row count.
+
+    Polars reads the files against the package's result schema (columns an older schema version
+    lacks come back null): 4 s for 3829 cell files on two cores, where DuckDB's union by name took
+    12 s and pyarrow 28 s. Where Polars is absent (the GPU hosts), or a file has a column outside
+    the schema (written by a newer longca) or of another type, pyarrow unions the files instead,
+    keeping every column and promoting types.
     """
-    from longca.store.read import damage
-
-    import duckdb
-
-    bad = [why for f in files if (why := damage(f))]
-    if bad:
-        raise ValueError("damaged result files (delete them and rerun): " + "; ".join(bad[:10]))
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    con = duckdb.connect()
-    con.execute("SET preserve_insertion_order=false")
-    con.execute("CREATE TEMP TABLE f(path VARCHAR)")
-    con.executemany("INSERT INTO f VALUES (?)", [(str(p),) for p in files])
-    paths = [r[0] for r in con.execute("SELECT path FROM f").fetchall()]
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".part", dir=out.parent)
-    os.close(fd)
+    _check_sound(files)
     try:
-        con.execute(
-            "COPY (SELECT * FROM read_parquet(?, union_by_name=true, hive_partitioning=false) "
-            "ORDER BY sweep, kernel, mask, seqlen_q, cell_id, mask_sample) TO '" + tmp.replace("'", "''") +
-            "' (FORMAT parquet, COMPRESSION zstd)", [paths])
-        n = con.execute("SELECT count(*) FROM read_parquet(?)", [tmp]).fetchone()[0]
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return int(n)
+        table = _union_polars(files)
+    except (ImportError, _OutsideSchema):
+        table = _union_arrow(files)
+    from longca.store.write import write_table
+
+    write_table(out, table)
+    return table.num_rows
 
 
 def aggregate_arrow(files: list[str], out: str | Path) -> int:
-    """The same union with pyarrow alone (GPU hosts without DuckDB)."""
+    """The same union with pyarrow alone."""
+    from longca.store.write import write_table
+
+    _check_sound(files)
+    table = _union_arrow(files)
+    write_table(out, table)
+    return table.num_rows
+
+
+def _check_sound(files: list[str]) -> None:
+    from longca.store.read import damage
+
+    with ThreadPoolExecutor(max_workers=_IO_THREADS) as pool:  # footer reads release the GIL
+        bad = [why for why in pool.map(damage, files) if why]
+    if bad:
+        raise ValueError("damaged result files (delete them and rerun): " + "; ".join(bad[:10]))
+
+
+class _OutsideSchema(Exception):
+    pass
+
+
+def _union_polars(files: list[str]):
+    import polars as pl
+
+    from longca.store.schema import SCHEMA
+
+    if not files:
+        return SCHEMA.empty_table()
+    schema = pl.from_arrow(SCHEMA.empty_table()).schema
+    try:
+        df = pl.scan_parquet(files, schema=schema, missing_columns="insert", extra_columns="raise").collect()
+    except pl.exceptions.SchemaError as exc:
+        raise _OutsideSchema(str(exc)) from exc
+    df = df.sort(_ORDER, nulls_last=True, maintain_order=True)
+    return df.to_arrow().cast(SCHEMA)  # polars' string views back to the schema's types and docs
+
+
+def _union_arrow(files: list[str]):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from longca.store.write import write_table
+    from longca.store.schema import SCHEMA
 
+    if not files:
+        return SCHEMA.empty_table()
+    # ParquetFile.read, not pq.read_table: the latter builds a dataset per file (twice the time)
     with ThreadPoolExecutor(max_workers=_IO_THREADS) as pool:  # reads release the GIL
-        tables = list(pool.map(pq.read_table, files))
-    table = pa.concat_tables(tables, promote_options="permissive") if tables else None
-    write_table(out, table)
-    return table.num_rows
+        tables = list(pool.map(lambda f: pq.ParquetFile(f).read(), files))
+    table = pa.concat_tables(tables, promote_options="permissive")
+    if set(table.column_names) <= set(SCHEMA.names):  # the schema's column order and types, as Polars gives
+        table = pa.table({f.name: table[f.name] if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
+                          for f in SCHEMA}).cast(SCHEMA)
+    return table.sort_by([(c, "ascending") for c in _ORDER if c in table.column_names])
 
 
 def keep_rows_outside(new_file: str | Path, old_file: str | Path) -> int:

@@ -49,6 +49,21 @@ def test_ids_are_stable_and_unique():
     assert "kernel=naive/mask=full" in a[0].id
 
 
+def test_cached_digest_survives_json_and_pickle_and_stays_out_of_the_fields():
+    import dataclasses
+    import pickle
+
+    from longca.spec.cells import Cell
+
+    cells = expand(load_spec(text=SPEC))
+    for c in cells[:5]:
+        d = c.digest  # computed once, then held by the instance
+        assert Cell.from_json(c.to_json()).digest == d
+        assert pickle.loads(pickle.dumps(c)).digest == d
+        assert "digest" not in {f.name for f in dataclasses.fields(c)}
+    assert len({c.digest for c in cells}) == len(cells) == len(set(cells))
+
+
 def test_changing_a_non_path_field_changes_the_file_only():
     a = {c.id.split("@")[0]: c.relpath() for c in expand(load_spec(text=SPEC))}
     b = {c.id.split("@")[0]: c.relpath() for c in expand(load_spec(text=SPEC + "repeat: {iters: 7}\n"))}

@@ -62,6 +62,7 @@ def test_aggregating_old_and_new_files_keeps_both(mixed: list[str], tmp_path: Pa
     assert [rows["a"][c] for c in NEW_IN_2 + NEW_IN_3] == [None, None, None, None]
     assert [rows["c"][c] for c in NEW_IN_2 + NEW_IN_3] == [0.5, 1.0, 0.25, None]
     assert [rows["b"][c] for c in NEW_IN_2 + NEW_IN_3] == [0.25, 0.5, 0.125, 2.0]
+    assert pq.read_table(out).schema.equals(SCHEMA, check_metadata=False)  # the current schema, whatever came first
 
 
 def test_unpacking_a_mixed_aggregate_keeps_each_rows_version(mixed: list[str], tmp_path: Path) -> None:

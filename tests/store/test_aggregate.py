@@ -1,0 +1,82 @@
+"""longca.store.aggregate: the union of cell files, by Polars or, where it cannot, pyarrow alone."""
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from longca.store.aggregate import aggregate, aggregate_arrow
+from longca.store.schema import SCHEMA
+from longca.store.write import write_rows
+
+
+def _row(cell: str, sweep: str = "w", kernel: str = "naive", seqlen: int = 8, sample: int = 0) -> dict:
+    return {"spec": "s", "sweep": sweep, "cell_id": cell, "cell_digest": cell, "kernel": kernel, "mask": "full",
+            "mask_variant": "default", "pass": "fwd", "seqlen_q": seqlen, "seqlen_k": seqlen, "batch": 1,
+            "heads_q": 1, "heads_kv": 1, "head_dim": 8, "dtype": "float32", "world_size": 1, "status": "ok",
+            "median_ms": 1.0, "samples_ms": [1.0, 2.0], "mask_sample": sample}
+
+
+@pytest.fixture
+def shuffled(tmp_path: Path) -> list[str]:
+    """Cell files listed in an order unlike the aggregate's (sweep, kernel, mask, length, id, sample)."""
+    specs = [("d", "b", "flex", 16, 1), ("c", "b", "flex", 16, 0), ("a", "a", "sdpa", 8, 0), ("e", "a", "flex", 32, 0)]
+    files = []
+    for i, (cell, sweep, kernel, seqlen, sample) in enumerate(specs):
+        f = tmp_path / "cells" / f"{i}.parquet"
+        write_rows(f, [_row(cell, sweep, kernel, seqlen, sample)])
+        files.append(str(f))
+    return files
+
+
+@pytest.mark.parametrize("union", [aggregate, aggregate_arrow])
+def test_union_is_sorted_and_keeps_the_schema(shuffled: list[str], tmp_path: Path, union) -> None:
+    out = tmp_path / "all.parquet"
+    assert union(shuffled, out) == 4
+    table = pq.read_table(out)
+    assert table.column("cell_id").to_pylist() == ["e", "a", "c", "d"]
+    assert table.schema.equals(SCHEMA, check_metadata=False)
+    assert table.column("samples_ms").to_pylist() == [[1.0, 2.0]] * 4
+
+
+def test_both_unions_write_the_same_table(shuffled: list[str], tmp_path: Path) -> None:
+    aggregate(shuffled, tmp_path / "p.parquet")
+    aggregate_arrow(list(reversed(shuffled)), tmp_path / "a.parquet")
+    assert pq.read_table(tmp_path / "p.parquet").equals(pq.read_table(tmp_path / "a.parquet"))
+
+
+def test_a_column_outside_the_schema_is_kept_not_dropped(shuffled: list[str], tmp_path: Path) -> None:
+    """A file a newer longca wrote (one more column): the pyarrow union keeps it."""
+    newer = tmp_path / "cells" / "newer.parquet"
+    t = pq.read_table(shuffled[0])
+    pq.write_table(t.append_column("from_the_future", pa.array([7.5])), newer)
+    out = tmp_path / "all.parquet"
+    assert aggregate(shuffled + [str(newer)], out) == 5
+    col = pq.read_table(out).column("from_the_future").to_pylist()
+    assert sorted(col, key=lambda v: v is None) == [7.5, None, None, None, None]
+
+
+@pytest.mark.parametrize("union", [aggregate, aggregate_arrow])
+def test_damaged_file_is_named_and_nothing_written(shuffled: list[str], tmp_path: Path, union) -> None:
+    Path(shuffled[2]).write_bytes(b"PAR1 not really")
+    out = tmp_path / "all.parquet"
+    with pytest.raises(ValueError, match="2.parquet"):
+        union(shuffled, out)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("union", [aggregate, aggregate_arrow])
+def test_no_files_give_an_empty_table(tmp_path: Path, union) -> None:
+    assert union([], tmp_path / "all.parquet") == 0
+    assert pq.read_table(tmp_path / "all.parquet").schema.equals(SCHEMA, check_metadata=False)
+
+
+def test_without_polars_pyarrow_writes_the_same_table(shuffled: list[str], tmp_path: Path, monkeypatch) -> None:
+    """The GPU hosts have no Polars: `aggregate` falls back to pyarrow, with the same result."""
+    import sys
+
+    aggregate(shuffled, tmp_path / "with.parquet")
+    monkeypatch.setitem(sys.modules, "polars", None)  # `import polars` now raises ImportError
+    aggregate(shuffled, tmp_path / "without.parquet")
+    assert pq.read_table(tmp_path / "with.parquet").equals(pq.read_table(tmp_path / "without.parquet"))
