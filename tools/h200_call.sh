@@ -60,32 +60,41 @@ out=${1:?outdir}; stage=${2:?stage}; limit=${3:-480}
 start=$SECONDS
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 logs=/tmp/longca-logs; rm -rf "$logs"; mkdir -p "$logs"  # a warm machine still holds the last call's logs
-# .whl: what every stage needs (jsonschema and its dependencies); .whl-sparse: VSA and the pytest
-# wheels its Triton file imports, for the `sparse` stage only (kept apart: FA4 leaves little room)
-wheels=$(ls .whl/*.whl .whl-sparse/*.whl 2>/dev/null)
-if [ -n "$wheels" ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $wheels > "$logs/pip.log" 2>&1
-fi
-if [ -f .bundles/fa4.tar.xz ]; then mkdir -p /tmp/fa4 && tar xJf .bundles/fa4.tar.xz -C /tmp/fa4; fi
 # FA4's on-disk JIT cache (switched on by the worker) in one folder that comes back as
 # OUTDIR/fa4-cache.tar.xz: carried back in .fa4-cache/, later calls of the same sweep on a fresh
 # machine load FA4's kernels instead of compiling them, as jobs sharing a cache folder on a cluster
 # do. It is keyed by FA4's sources, the CuTe DSL version and each kernel's configuration.
 export FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=/tmp/fa4-jit-cache
-mkdir -p "$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
-if [ -f .fa4-cache/fa4-cache.tar.xz ]; then tar xJf .fa4-cache/fa4-cache.tar.xz -C "$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"; fi
-export PYTHONPATH=$PWD:/tmp/site:/tmp/fa4:/tmp/fa4/nvidia_cutlass_dsl/dsl_packages
 # Triton's cache in the (git-ignored) checkout: it survives between calls on a warm machine, and
 # its autotune results (fla-core tunes each kernel for 1-2 minutes on first use) come back as
 # OUTDIR/triton-autotune.tar.gz; put that file in .triton-autotune/ and carry the folder.
 export TRITON_CACHE_DIR=$PWD/.triton-cache
-mkdir -p "$TRITON_CACHE_DIR"
-if [ -f .triton-autotune/triton-autotune.tar.gz ]; then tar xzf .triton-autotune/triton-autotune.tar.gz -C "$TRITON_CACHE_DIR"; fi
-ngpu=$(python3 -c 'import torch; print(torch.cuda.device_count())')
+mkdir -p "$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR" "$TRITON_CACHE_DIR"
+# The carried packages and caches unpack in the background while the committed results are restored
+# (neither needs the other): the set-up before the first cell is device time too.
+(
+  # .whl: what every stage needs (jsonschema and its dependencies); .whl-sparse: VSA and the pytest
+  # wheels its Triton file imports, for the `sparse` stage only (kept apart: FA4 leaves little room)
+  wheels=$(ls .whl/*.whl .whl-sparse/*.whl 2>/dev/null)
+  if [ -n "$wheels" ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $wheels > "$logs/pip.log" 2>&1
+  fi
+  if [ -f .bundles/fa4.tar.xz ]; then mkdir -p /tmp/fa4 && tar xJf .bundles/fa4.tar.xz -C /tmp/fa4; fi
+  if [ -f .fa4-cache/fa4-cache.tar.xz ]; then tar xJf .fa4-cache/fa4-cache.tar.xz -C "$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"; fi
+  if [ -f .triton-autotune/triton-autotune.tar.gz ]; then tar xzf .triton-autotune/triton-autotune.tar.gz -C "$TRITON_CACHE_DIR"; fi
+) &
+unpacking=$!
+export PYTHONPATH=$PWD:/tmp/site:/tmp/fa4:/tmp/fa4/nvidia_cutlass_dsl/dsl_packages
 # Earlier calls' results travel as aggregates; restoring their cell files makes this call add only
 # the missing cells.
 for agg in results/*/all.parquet; do [ -f "$agg" ] && python3 -m longca.cli unpack "$agg" >> "$logs/unpack.log" 2>&1; done
-{ nvidia-smi; python3 -c 'import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__)'; } > "$logs/env.txt" 2>&1
+wait "$unpacking"
+nvidia-smi > "$logs/env.txt" 2>&1
+# one torch import for both: the versions go to env.txt, the GPU count to $ngpu
+ngpu=$(python3 -c 'import sys, torch, triton
+print(torch.__version__, torch.version.cuda, triton.__version__, file=sys.stderr)
+print(torch.cuda.device_count())' 2>> "$logs/env.txt")
+echo "set-up $((SECONDS - start)) s" >> "$logs/env.txt"
 left() { local s=$(( limit - (SECONDS - start) - 40 )); echo $(( s > 5 ? s : 5 )); }
 capped() { local l; l=$(left); echo $(( l < $1 ? l : $1 )); }  # seconds left, at most $1
 cleanup() { pkill -9 -f 'longca.cp.bench|longca.run.worker|torch.distributed.run' 2>/dev/null; sleep 2; }
@@ -247,6 +256,7 @@ case "$1" in
 esac
 }
 for st in ${stage//+/ }; do run_stage "$st"; done
+stages_end=$SECONDS
 for spec in h200 h200-cp; do
   if [ -d "results/$spec/cells" ]; then
     # The aggregate holds the current spec's cells; --keep appends the carried rows of cells the spec
@@ -259,6 +269,7 @@ for spec in h200 h200-cp; do
 done
 [ -n "$(ls -A "$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR")" ] && tar cJf "$out/fa4-cache.tar.xz" -C "$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR" . \
   && echo "fa4-cache.tar.xz: $(find "$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR" -type f | wc -l) files, $(du -sk "$out/fa4-cache.tar.xz" | cut -f1) KiB" >> "$logs/aggregate.log"
+echo "stages ended at $((stages_end - start)) s; aggregates and caches written by $((SECONDS - start)) s" >> "$logs/aggregate.log"
 tar czf "$out/logs.tar.gz" "$logs" 2>/dev/null
 (cd "$TRITON_CACHE_DIR" && find . -name '*.autotune.json' | tar czf "$out/triton-autotune.tar.gz" -T -) 2>/dev/null
 python3 - "$out" <<'PY'
