@@ -84,11 +84,13 @@ mkdir -p "$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR" "$TRITON_CACHE_DIR"
   if [ -f .triton-autotune/triton-autotune.tar.gz ]; then tar xzf .triton-autotune/triton-autotune.tar.gz -C "$TRITON_CACHE_DIR"; fi
 ) &
 unpacking=$!
-export PYTHONPATH=$PWD:/tmp/site:/tmp/fa4:/tmp/fa4/nvidia_cutlass_dsl/dsl_packages
 # Earlier calls' results travel as aggregates; restoring their cell files makes this call add only
-# the missing cells.
-for agg in results/*/all.parquet; do [ -f "$agg" ] && python3 -m longca.cli unpack "$agg" >> "$logs/unpack.log" 2>&1; done
+# the missing cells. The restore imports nothing from the folders being unpacked.
+for agg in results/*/all.parquet; do
+  [ -f "$agg" ] && PYTHONPATH=$PWD python3 -m longca.cli unpack "$agg" >> "$logs/unpack.log" 2>&1
+done
 wait "$unpacking"
+export PYTHONPATH=$PWD:/tmp/site:/tmp/fa4:/tmp/fa4/nvidia_cutlass_dsl/dsl_packages
 nvidia-smi > "$logs/env.txt" 2>&1
 # one torch import for both: the versions go to env.txt, the GPU count to $ngpu
 ngpu=$(python3 -c 'import sys, torch, triton
