@@ -14,18 +14,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from longca.store.schema import SCHEMA
-
-
-def conform(table: pa.Table) -> pa.Table:
-    """Reorder, cast and null-fill `table` to SCHEMA."""
-    cols = []
-    for field in SCHEMA:
-        if field.name in table.column_names:
-            cols.append(table.column(field.name).cast(field.type))
-        else:
-            cols.append(pa.nulls(table.num_rows, type=field.type))
-    return pa.table(cols, schema=SCHEMA)
+from longca.store.schema import conform
 
 
 def read_tables(paths: Sequence[str | Path]) -> pa.Table:

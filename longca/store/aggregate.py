@@ -33,16 +33,6 @@ def aggregate(files: list[str], out: str | Path) -> int:
     return table.num_rows
 
 
-def aggregate_arrow(files: list[str], out: str | Path) -> int:
-    """The same union with pyarrow alone."""
-    from longca.store.write import write_table
-
-    _check_sound(files)
-    table = _union_arrow(files)
-    write_table(out, table)
-    return table.num_rows
-
-
 def _check_sound(files: list[str]) -> None:
     from longca.store.read import damage
 
@@ -76,7 +66,7 @@ def _union_arrow(files: list[str]):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from longca.store.schema import SCHEMA
+    from longca.store.schema import SCHEMA, conform
 
     if not files:
         return SCHEMA.empty_table()
@@ -85,8 +75,7 @@ def _union_arrow(files: list[str]):
         tables = list(pool.map(lambda f: pq.ParquetFile(f).read(), files))
     table = pa.concat_tables(tables, promote_options="permissive")
     if set(table.column_names) <= set(SCHEMA.names):  # the schema's column order and types, as Polars gives
-        table = pa.table({f.name: table[f.name] if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
-                          for f in SCHEMA}).cast(SCHEMA)
+        table = conform(table)
     return table.sort_by([(c, "ascending") for c in _ORDER if c in table.column_names])
 
 

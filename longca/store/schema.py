@@ -151,6 +151,18 @@ def to_table(rows: list[dict[str, Any]]) -> pa.Table:
     return pa.table(cols, schema=SCHEMA)
 
 
+def conform(table: pa.Table) -> pa.Table:
+    """Reorder, cast and null-fill `table` to SCHEMA (rows of an older schema version read as current
+    ones); a column the schema does not know is dropped."""
+    cols = []
+    for f in SCHEMA:
+        if f.name in table.column_names:
+            cols.append(table.column(f.name).cast(f.type))
+        else:
+            cols.append(pa.nulls(table.num_rows, type=f.type))
+    return pa.table(cols, schema=SCHEMA)
+
+
 def schema_markdown() -> str:
     """The README's schema table, generated from the one definition above."""
     lines = ["| column | type | meaning |", "| --- | --- | --- |"]

@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from longca.store.aggregate import aggregate, aggregate_arrow
+from longca.store.aggregate import aggregate
 from longca.store.schema import SCHEMA
 from longca.store.write import write_rows
 
@@ -30,7 +30,6 @@ def shuffled(tmp_path: Path) -> list[str]:
     return files
 
 
-@pytest.mark.parametrize("union", [aggregate, aggregate_arrow])
 def test_union_is_sorted_and_keeps_the_schema(shuffled: list[str], tmp_path: Path, union) -> None:
     out = tmp_path / "all.parquet"
     assert union(shuffled, out) == 4
@@ -38,12 +37,6 @@ def test_union_is_sorted_and_keeps_the_schema(shuffled: list[str], tmp_path: Pat
     assert table.column("cell_id").to_pylist() == ["e", "a", "c", "d"]
     assert table.schema.equals(SCHEMA, check_metadata=False)
     assert table.column("samples_ms").to_pylist() == [[1.0, 2.0]] * 4
-
-
-def test_both_unions_write_the_same_table(shuffled: list[str], tmp_path: Path) -> None:
-    aggregate(shuffled, tmp_path / "p.parquet")
-    aggregate_arrow(list(reversed(shuffled)), tmp_path / "a.parquet")
-    assert pq.read_table(tmp_path / "p.parquet").equals(pq.read_table(tmp_path / "a.parquet"))
 
 
 def test_a_column_outside_the_schema_is_kept_not_dropped(shuffled: list[str], tmp_path: Path) -> None:
@@ -57,7 +50,6 @@ def test_a_column_outside_the_schema_is_kept_not_dropped(shuffled: list[str], tm
     assert sorted(col, key=lambda v: v is None) == [7.5, None, None, None, None]
 
 
-@pytest.mark.parametrize("union", [aggregate, aggregate_arrow])
 def test_damaged_file_is_named_and_nothing_written(shuffled: list[str], tmp_path: Path, union) -> None:
     Path(shuffled[2]).write_bytes(b"PAR1 not really")
     out = tmp_path / "all.parquet"
@@ -66,7 +58,6 @@ def test_damaged_file_is_named_and_nothing_written(shuffled: list[str], tmp_path
     assert not out.exists()
 
 
-@pytest.mark.parametrize("union", [aggregate, aggregate_arrow])
 def test_no_files_give_an_empty_table(tmp_path: Path, union) -> None:
     assert union([], tmp_path / "all.parquet") == 0
     assert pq.read_table(tmp_path / "all.parquet").schema.equals(SCHEMA, check_metadata=False)
@@ -78,5 +69,5 @@ def test_without_polars_pyarrow_writes_the_same_table(shuffled: list[str], tmp_p
 
     aggregate(shuffled, tmp_path / "with.parquet")
     monkeypatch.setitem(sys.modules, "polars", None)  # `import polars` now raises ImportError
-    aggregate(shuffled, tmp_path / "without.parquet")
+    aggregate(list(reversed(shuffled)), tmp_path / "without.parquet")
     assert pq.read_table(tmp_path / "with.parquet").equals(pq.read_table(tmp_path / "without.parquet"))

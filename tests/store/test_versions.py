@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from longca.report.load import read_rows
-from longca.store.aggregate import aggregate, aggregate_arrow, unpack
+from longca.store.aggregate import aggregate, unpack
 from longca.store.read import damage
 from longca.store.schema import SCHEMA, SCHEMA_VERSION
 from longca.store.write import write_rows
@@ -50,7 +50,6 @@ def _by_cell(table: pa.Table) -> dict[str, dict]:
     return {r["cell_id"]: r for r in table.to_pylist()}
 
 
-@pytest.mark.parametrize("union", [aggregate, aggregate_arrow])
 def test_aggregating_old_and_new_files_keeps_both(mixed: list[str], tmp_path: Path, union) -> None:
     assert all(damage(f) is None for f in mixed)  # an old file is sound, not damaged
     out = tmp_path / "all.parquet"
