@@ -13,6 +13,8 @@
 #                       sweep-efficiency protocol (issue 4) every dense cell has a new digest; calls
 #                       continue it until complete. Each process's wall is logged as `process wall`
 #                       (tools/sweep_efficiency.py sums them against the rows' timed samples)
+#     shapes            the shapes sweep (head dims 64 and 256 in bf16, 128 in fp16, at 16K; FA4
+#                       needed), one `longca run` per GPU
 #     sparse            the sparse sweep on all GPUs, Triton first, then Flex, then VSA's Triton
 #                       kernel (carry the vsa wheel and pytest's wheels in .whl-sparse/ for it), then
 #                       FlashInfer and block-sparse FA2 (unsupported rows where not installed)
@@ -193,6 +195,10 @@ case "$1" in
     # without the bundle FA4's cells would be recorded `unsupported: not installed` for good
     [ -f .bundles/fa4.tar.xz ] || { echo "stage dense: carry .bundles (FA4); nothing run" | tee -a "$logs/dense-0.log"; return; }
     sharded dense "--spec specs/h200.yaml --sweep dense ${RETRY:-}"
+    cleanup ;;
+  shapes)  # head dim and dtype beside the dense sweep's D=128 bf16 cells (FA4 needed, as for dense)
+    [ -f .bundles/fa4.tar.xz ] || { echo "stage shapes: carry .bundles (FA4); nothing run" | tee -a "$logs/shapes-0.log"; return; }
+    sharded shapes "--spec specs/h200.yaml --sweep shapes ${RETRY:-}"
     cleanup ;;
   sparse)
     sharded sparse "--spec specs/h200.yaml --sweep sparse --only kernel=triton_block_sparse" \

@@ -106,7 +106,7 @@ def _overview(c: pl.DataFrame, rows: pl.DataFrame, spec_name: str,
 
 
 def _mask_pages(c: pl.DataFrame, peer: pl.DataFrame) -> list[Page]:
-    ok = queries.mask_cells(c)
+    ok, studied = queries.for_length_charts(queries.mask_cells(c))
     gpu = ok.filter(pl.col("device") == "cuda")
     out = []
     for mask in queries.masks_with_rows(c):
@@ -118,6 +118,10 @@ def _mask_pages(c: pl.DataFrame, peer: pl.DataFrame) -> list[Page]:
             page.p("Published figures for this mask are GPU figures; they are not drawn over rows measured "
                    "without a GPU (see Published figures).", "note")
         page.chart(charts.mask_metric(mask, ok, "peak_mem_gib", peer.clear()), "No memory figures on this mask.")
+        n_study = studied.filter(pl.col("mask") == mask).height
+        if n_study:
+            page.p(f"{n_study} ok cells on this mask at another head dim or dtype, measured at one length, are "
+                   "drawn on the Head dim & dtype page beside the same kernels' other shapes.", "note")
         n_bad = c.filter((pl.col("mask") == mask) & ~pl.col("all_ok") & (pl.col("world_size") == 1)).height
         if n_bad:
             page.p(f"{n_bad} cells on this mask are not ok and are not drawn: see the Status page.", "note")
@@ -183,7 +187,24 @@ def _family_pages(c: pl.DataFrame, peer: pl.DataFrame) -> list[Page]:
             .otherwise(pl.format("between {} and {} tokens", pl.col("below"), pl.col("crossover"))))
         p_lin.table(_table(shown, ["group", "kernel", "verdict", "below", "crossover", "lengths"],
                            numeric=["below", "crossover", "lengths"]))
-    return [p_sparse, p_cp, p_lin]
+    return [p_sparse, p_cp, p_lin, _shapes_page(c)]
+
+
+def _shapes_page(c: pl.DataFrame) -> Page:
+    page = Page("shapes.html", "Head dim & dtype", "Head dim and dtype")
+    study = queries.shape_study(c)
+    page.chart(charts.shape_chart(study), "No kernel has ok cells at more than one head dim or dtype with "
+                                          "everything else equal.")
+    wide, variants = queries.shape_table(study)
+    if wide.height:
+        page.p("TFLOP/s (exact mask area) of each kernel at every measured head dim and dtype, everything else "
+               "equal (mask, pass, length, heads, machine); an empty field: no ok cell for that variant (the "
+               "Status page says why). A row's figures may come from several sweeps (named last), each under "
+               "its own measurement protocol.")
+        page.table(_table(wide.with_columns(heads=pl.format("{}:{}", "heads_q", "heads_kv")),
+                          ["kernel", "mask", "mask_variant", "pass", "seqlen_q", "heads", *variants, "sweeps",
+                           "machine"], numeric=["seqlen_q", *variants]))
+    return page
 
 
 def _status_page(rows: pl.DataFrame, c: pl.DataFrame, probe: pl.DataFrame | None = None,

@@ -346,6 +346,32 @@ def linear_chart(series: pl.DataFrame, crossovers: pl.DataFrame) -> ChartSpec | 
                              "fastest softmax kernel per length, at lengths where every softmax kernel has a row).")
 
 
+def shape_chart(study: pl.DataFrame) -> ChartSpec | None:
+    """TFLOP/s against head dim, a line per kernel and dtype; panels: mask, heads and length (and the
+    machine when several), columns: pass."""
+    if study.is_empty():
+        return None
+    length = pl.when(pl.col("seqlen_q") >= 1024).then(pl.format("{}K", pl.col("seqlen_q") // 1024)) \
+        .otherwise(pl.col("seqlen_q").cast(pl.String))
+    variant = pl.when(pl.col("mask_variant").is_null() | (pl.col("mask_variant") == "default")).then(pl.lit("")) \
+        .otherwise(pl.format(" ({})", pl.col("mask_variant")))
+    parts = [pl.col("mask"), variant, pl.lit(" · "), pl.col("attn"), pl.lit(" "), pl.col("heads_q").cast(pl.String),
+             pl.lit(":"), pl.col("heads_kv").cast(pl.String), pl.lit(" · S="), length]
+    if study.get_column("machine").n_unique() > 1:
+        parts += [pl.lit(" on "), pl.col("machine")]
+    df = study.with_columns(group=pl.concat_str(parts), series=pl.col("kernel")).sort("group", "series", "head_dim")
+    x = alt.X("head_dim:O", title="head dim", sort="ascending")
+    y = alt.Y("tflops:Q", title="TFLOP/s (exact mask area)")
+    chart, values = _layered_facet([("measured", df, _lines(x, y, dash="dtype"))], row="group", column="pass")
+    return ChartSpec(id="shapes-head-dim", title="Head dim and dtype: throughput at one length",
+                     chart=chart.properties(title="TFLOP/s (exact mask area) by head dim"), values=values, data=df,
+                     machines=queries.machines(df),
+                     query="status ok, world_size 1, softmax; cells of one kernel, mask, pass, length and heads "
+                           "at several (head dim, dtype), at the lengths with the most such variants",
+                     caption="A line per kernel (colour) and dtype (dash) across head dims; each panel holds one "
+                             "mask, head counts and length. Click a legend entry to pick kernels.")
+
+
 def slug(text: str) -> str:
     """A file-name-safe stem: lower-case letters, digits, '-' and '_' only."""
     s = "".join(ch if ch.isascii() and (ch.isalnum() or ch in "-_") else "-" for ch in str(text).lower())

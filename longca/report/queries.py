@@ -134,6 +134,51 @@ def masks_with_rows(c: pl.DataFrame) -> list[str]:
     return sorted(_dense_softmax(c).get_column("mask").drop_nulls().unique().to_list())
 
 
+# what stays fixed while a shape study varies head dim and dtype
+_SHAPE_FIXED = ["kernel", "mask", "mask_variant", "pass", "seqlen_q", "heads_q", "heads_kv", "machine"]
+_VARIANT = pl.struct("head_dim", "dtype")
+
+
+def for_length_charts(cells: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(drawn against length, kept for the shape study): a kernel's cells at a head dim and dtype
+    measured at one length only, on a panel (mask, attention type, machine) where the same kernel
+    has another head dim or dtype at several lengths, are a head-dim or dtype study. Against length
+    they would be lone points beside that kernel's line; the shapes page draws them instead."""
+    panel = ["mask", "attn", "machine", "kernel"]
+    d = cells.with_columns(_lengths=pl.col("seqlen_q").n_unique().over([*panel, "shape"]))
+    d = d.with_columns(_lined=(pl.col("_lengths") > 1).any().over(panel))
+    study = (pl.col("_lengths") == 1) & pl.col("_lined")
+    return d.filter(~study).drop("_lengths", "_lined"), d.filter(study).drop("_lengths", "_lined")
+
+
+def shape_study(c: pl.DataFrame) -> pl.DataFrame:
+    """ok cells of one kernel, mask, pass, length and head counts at more than one (head dim, dtype),
+    at the lengths with the most such variants on their machine: the head-dim and dtype comparison.
+    Lengths where only two sweeps happen to meet (say one other head dim) are left out."""
+    ok = mask_cells(c).with_columns(_variants=_VARIANT.n_unique().over(_SHAPE_FIXED)).filter(pl.col("_variants") > 1)
+    if ok.is_empty():
+        return ok.drop("_variants")
+    per_length = ok.group_by("machine", "seqlen_q").agg(_VARIANT.n_unique().alias("_n"))
+    chosen = per_length.filter(pl.col("_n") == pl.col("_n").max().over("machine")).select("machine", "seqlen_q")
+    return (ok.join(chosen, on=["machine", "seqlen_q"], how="semi").drop("_variants")
+            .sort([*_SHAPE_FIXED, "head_dim", "dtype"], nulls_last=True))
+
+
+def shape_table(study: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
+    """One line per kernel, mask, pass, length and head counts; one TFLOP/s column per (head dim,
+    dtype) in head-dim order, empty where that variant has no ok cell; the sweeps that measured it."""
+    if study.is_empty():
+        return study, []
+    d = study.with_columns(variant=pl.format("D={} {}", "head_dim", "dtype"),
+                           mask_variant=pl.col("mask_variant").fill_null(""))  # a key: never null
+    order = d.select("head_dim", "dtype", "variant").unique().sort("head_dim", "dtype").get_column("variant").to_list()
+    keys = [k for k in _SHAPE_FIXED if k != "mask_variant"] + ["mask_variant"]
+    wide = d.pivot(on="variant", index=keys, values="tflops", aggregate_function="max")
+    sweeps = d.group_by(keys).agg(pl.col("sweep").drop_nulls().unique().sort().str.join(", ").alias("sweeps"))
+    out = wide.join(sweeps, on=keys, how="left")
+    return out.select([*keys, *order, "sweeps"]).sort(keys), order
+
+
 def best_kernel(c: pl.DataFrame) -> pl.DataFrame:
     """The fastest ok kernel per (mask, pass, length, shape, machine)."""
     keys = ["mask", "pass", "seqlen_q", "shape", "machine"]

@@ -23,7 +23,7 @@ from longca.cli import main  # noqa: E402
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--sweep", "dens"], "--sweep 'dens': no such sweep in 'default'; allowed: cp, dense, sparse"),
+    (["--sweep", "dens"], "--sweep 'dens': no such sweep in 'default'; allowed: cp, dense, shapes, sparse"),
     (["--only", "kernel=cudnn"], "--only kernel=cudnn: no cell of the selected sweeps has it; allowed: "),
     (["--sweep", "dense", "--only", "seqlen=1K"], "--only seqlen=1024: no cell of the selected sweeps has it; allowed: 256, 512"),
     (["--only", "colour=red"], "--only: unknown key 'colour'; allowed: kernel, mask, seqlen"),

@@ -27,7 +27,8 @@ ENV = dict(device="cuda", device_name="Fixture GPU (synthetic)", device_count=8,
 def _cell(kernel: str, mask: str, pas: str, s: int, hq: int, hkv: int, **kw: Any) -> dict[str, Any]:
     cell_id = f"{kernel}/{mask}/{pas}/{s}/{hq}:{hkv}/" + "/".join(f"{k}={v}" for k, v in sorted(kw.items())
                                                                    if k in ("density", "block_size", "score_source",
-                                                                            "world_size", "cp_mechanism", "head_dim"))
+                                                                            "world_size", "cp_mechanism", "head_dim",
+                                                                            "dtype"))
     row = dict(ENV, kernel=kernel, mask=mask, **{"pass": pas}, seqlen_q=s, seqlen_k=s, batch=1, heads_q=hq,
                heads_kv=hkv, head_dim=128, head_dim_v=128, dtype="bf16", layout="bshd", cell_id=cell_id,
                world_size=1, kernel_family="softmax", mask_samples=1, mask_sample=0)
@@ -68,6 +69,16 @@ def synthetic_rows(samples: int = 2, seqlens: tuple[int, ...] = (1024, 4096, 163
                 base = {"sdpa": 300, "flex": 250, "fa_fixture": 400}.get(kernel, 200)
                 frac = 1.0 if mask == "full" else 0.8
                 rows.append(_timed(row, base * frac * (1 - 0.5 / (1 + s / 4096)) * (1 + 0.05 * rng.random()), rng))
+    # a head-dim and dtype study at one length, beside the D=128 bf16 lines above
+    for kernel, mask, pas, (d, dtype) in itertools.product(SOFTMAX, ("full", "causal"), ("fwd", "bwd"),
+                                                           ((64, "bf16"), (256, "bf16"), (128, "fp16"))):
+        if kernel == "fa_fixture" and d == 256 and pas == "bwd":
+            rows.append(dict(_cell(kernel, mask, pas, seqlens[2], 64, 8, head_dim=d, head_dim_v=d, dtype=dtype),
+                             status="unsupported", reason="head dim 256 backward (fixture)"))
+            continue
+        row = _cell(kernel, mask, pas, seqlens[2], 64, 8, head_dim=d, head_dim_v=d, dtype=dtype)
+        base = {"sdpa": 300, "flex": 250, "fa_fixture": 400}[kernel]
+        rows.append(_timed(row, base * (d / 128) ** 0.3 * (0.8 if mask == "causal" else 1.0), rng))
     for kernel, mask, pas, s, density, bs, src in itertools.product(
             ("flex", "triton_bs"), ("block_sparse", "variable_block_sparse"), ("fwd", "bwd"), seqlens,
             (0.2, 0.5, 0.8), (64, 128), ("random", "importance")):

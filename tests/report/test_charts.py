@@ -28,12 +28,13 @@ def _all_charts(c: pl.DataFrame) -> list[charts.ChartSpec]:
     out += [charts.sparse_chart(sp, peers.for_sparse(peer), x) for x in ("density", "block_size", "seqlen_q")]
     out += [charts.cp_chart(queries.cp_cells(c), peers.for_cp(peer), k) for k in ("world", "length", "comm", "imbalance")]
     out += [charts.linear_chart(*queries.linear_vs_softmax(c))]
+    out += [charts.shape_chart(queries.shape_study(c))]
     return [ch for ch in out if ch is not None]
 
 
 def test_every_chart_is_valid_vega_lite(cells: pl.DataFrame) -> None:
     specs = _all_charts(cells)
-    assert len(specs) == 13
+    assert len(specs) == 14
     schema = load_schema()
     for ch in specs:
         spec = ch.spec()

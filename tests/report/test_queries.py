@@ -347,3 +347,44 @@ def test_cells_do_not_depend_on_the_order_of_the_rows() -> None:
     shuffled = rows.sample(fraction=1.0, shuffle=True, seed=3)
     assert not rows.equals(shuffled)
     assert queries.cells(rows).equals(queries.cells(shuffled))
+
+
+def _shape(kernel: str, s: int, d: int, dtype: str = "bf16", status: str = "ok", tflops: float = 100.0,
+           **kw: Any) -> dict[str, Any]:
+    return _row(kernel, s=s, head_dim=d, dtype=dtype, status=status, tflops=tflops,
+                cell_id=f"{kernel}/full/{s}/{d}/{dtype}", **kw)
+
+
+def test_shape_study_is_taken_at_the_length_with_most_head_dims_and_dtypes() -> None:
+    c = _cells([_shape("a", 1024, 128), _shape("a", 1024, 64),  # two variants: sweeps that happen to meet
+                _shape("a", 4096, 128, tflops=300.0), _shape("a", 4096, 64, tflops=200.0),
+                _shape("a", 4096, 256, tflops=350.0), _shape("a", 4096, 128, "fp16", tflops=310.0),
+                _shape("b", 4096, 128, tflops=250.0), _shape("b", 4096, 64, tflops=150.0),
+                _shape("b", 4096, 256, status="unsupported"),
+                _shape("c", 4096, 128), _shape("c", 4096, 64, status="oom")])  # one ok variant: nothing to compare
+    study = queries.shape_study(c)
+    assert set(study.get_column("seqlen_q")) == {4096}
+    assert sorted(study.get_column("kernel").unique()) == ["a", "b"]
+    table, variants = queries.shape_table(study)
+    assert variants == ["D=64 bf16", "D=128 bf16", "D=128 fp16", "D=256 bf16"]
+    by_kernel = {r["kernel"]: r for r in table.iter_rows(named=True)}
+    assert [by_kernel["a"][v] for v in variants] == [200.0, 300.0, 310.0, 350.0]
+    # b's D=256 cell is not ok: its field stays empty (the Status page has the reason), never a number
+    assert [by_kernel["b"][v] for v in variants] == [150.0, 250.0, None, None]
+
+
+def test_shape_study_of_rows_with_one_head_dim_is_empty() -> None:
+    c = _cells([_shape("a", 1024, 128), _shape("a", 4096, 128)])
+    assert queries.shape_study(c).is_empty()
+    table, variants = queries.shape_table(queries.shape_study(c))
+    assert table.is_empty() and variants == []
+
+
+def test_length_charts_leave_a_kernels_lone_shapes_to_the_study() -> None:
+    c = _cells([_shape("a", 1024, 128), _shape("a", 4096, 128), _shape("a", 4096, 64),  # a: line + lone D=64
+                _shape("b", 4096, 64),  # b: only one shape at one length: its only point, kept
+                _shape("c", 1024, 64), _shape("c", 4096, 64), _shape("c", 4096, 256)])
+    drawn, studied = queries.for_length_charts(queries.mask_cells(c))
+    assert sorted(zip(studied.get_column("kernel"), studied.get_column("head_dim"))) == [("a", 64), ("c", 256)]
+    assert drawn.height + studied.height == 7
+    assert ("b", 64) in set(zip(drawn.get_column("kernel"), drawn.get_column("head_dim")))

@@ -1,8 +1,11 @@
 """Matrix expansion: counts, stable ids, exclusions, hive paths that readers parse."""
 
+from collections import Counter
+
 import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from longca.spec.cells import expand
 from longca.spec.load import load_spec
@@ -175,6 +178,26 @@ def test_h200_dense_sweep_runs_under_the_sweep_efficiency_protocol():
     assert {tuple(sorted(c.repeat)) for c in dense} == {tuple(sorted({
         "warmup": 3, "warmup_s": 0.05, "iters": 1000, "min_iters": 10, "budget_s": 2.0, "l2_flush": True,
         "backward": "retained_graph"}.items()))}
+
+
+@pytest.mark.parametrize("name", ["default.yaml", "h200.yaml", "h200-cp.yaml"])
+def test_a_published_spec_measures_each_configuration_once(name):
+    # Two sweeps measuring one configuration would draw two points for it in one series; the
+    # report's head-dim study reads D=128 bf16 from the dense sweep instead (specs exclude it).
+    # (specs/h200-efficiency-probe.yaml re-measures cells under other protocols on purpose.)
+    seen = Counter(c.id.rsplit("@", 1)[0] for c in expand(load_spec(ROOT / "specs" / name)))
+    assert [k for k, n in seen.items() if n > 1] == []
+
+
+def test_h200_shape_study_adds_head_dims_and_fp16_under_the_dense_protocol():
+    cells = expand(load_spec(ROOT / "specs" / "h200.yaml"))
+    dense_repeat = {c.repeat for c in cells if c.sweep == "dense"}
+    shapes = [c for c in cells if c.sweep == "shapes"]
+    assert {c.repeat for c in shapes} == dense_repeat
+    assert {(c.head_dim, c.dtype) for c in shapes} == {(64, "bfloat16"), (256, "bfloat16"), (128, "float16")}
+    assert {c.seqlen for c in shapes} == {16384} and {(c.heads_q, c.heads_kv) for c in shapes} == {(64, 8)}
+    # the D=128 bf16 comparison point is the dense sweep's own cell
+    assert {c.head_dim for c in cells if c.sweep == "dense" and c.seqlen == 16384} == {128}
 
 
 def test_warmup_budget_is_part_of_the_digest_only_where_set():
