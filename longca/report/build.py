@@ -198,12 +198,12 @@ def _shapes_page(c: pl.DataFrame) -> Page:
     wide, variants = queries.shape_table(study)
     if wide.height:
         page.p("TFLOP/s (exact mask area) of each kernel at every measured head dim and dtype, everything else "
-               "equal (mask, pass, length, heads, machine); an empty field: no ok cell for that variant (the "
-               "Status page says why). A row's figures may come from several sweeps (named last), each under "
-               "its own measurement protocol.")
+               "equal (mask and its number of draws, pass, length, heads, machine); an empty field: no ok cell "
+               "of that variant with the same draws (a failed cell is on the Status page). A row's figures may "
+               "come from several sweeps (named last), each under its own measurement protocol.")
         page.table(_table(wide.with_columns(heads=pl.format("{}:{}", "heads_q", "heads_kv")),
-                          ["kernel", "mask", "mask_variant", "pass", "seqlen_q", "heads", *variants, "sweeps",
-                           "machine"], numeric=["seqlen_q", *variants]))
+                          ["kernel", "mask", "mask_variant", "mask_samples", "pass", "seqlen_q", "heads", *variants,
+                           "sweeps", "machine"], numeric=["mask_samples", "seqlen_q", *variants]))
     return page
 
 

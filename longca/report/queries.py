@@ -134,8 +134,10 @@ def masks_with_rows(c: pl.DataFrame) -> list[str]:
     return sorted(_dense_softmax(c).get_column("mask").drop_nulls().unique().to_list())
 
 
-# what stays fixed while a shape study varies head dim and dtype
-_SHAPE_FIXED = ["kernel", "mask", "mask_variant", "pass", "seqlen_q", "heads_q", "heads_kv", "machine"]
+# what stays fixed while a shape study varies head dim and dtype; a sampled mask's cells compare only
+# at the same number of draws (draw i is the same mask in every sweep of a spec: seed and index)
+_SHAPE_FIXED = ["kernel", "mask", "mask_variant", "mask_samples", "pass", "seqlen_q", "heads_q", "heads_kv",
+                "machine"]
 _VARIANT = pl.struct("head_dim", "dtype")
 
 
@@ -170,9 +172,10 @@ def shape_table(study: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
     if study.is_empty():
         return study, []
     d = study.with_columns(variant=pl.format("D={} {}", "head_dim", "dtype"),
-                           mask_variant=pl.col("mask_variant").fill_null(""))  # a key: never null
+                           mask_variant=pl.col("mask_variant").fill_null(""),  # keys: never null
+                           mask_samples=pl.col("mask_samples").fill_null(1))
     order = d.select("head_dim", "dtype", "variant").unique().sort("head_dim", "dtype").get_column("variant").to_list()
-    keys = [k for k in _SHAPE_FIXED if k != "mask_variant"] + ["mask_variant"]
+    keys = [k for k in _SHAPE_FIXED if k not in ("mask_variant", "mask_samples")] + ["mask_variant", "mask_samples"]
     wide = d.pivot(on="variant", index=keys, values="tflops", aggregate_function="max")
     sweeps = d.group_by(keys).agg(pl.col("sweep").drop_nulls().unique().sort().str.join(", ").alias("sweeps"))
     out = wide.join(sweeps, on=keys, how="left")

@@ -388,3 +388,14 @@ def test_length_charts_leave_a_kernels_lone_shapes_to_the_study() -> None:
     assert sorted(zip(studied.get_column("kernel"), studied.get_column("head_dim"))) == [("a", 64), ("c", 256)]
     assert drawn.height + studied.height == 7
     assert ("b", 64) in set(zip(drawn.get_column("kernel"), drawn.get_column("head_dim")))
+
+
+def test_shape_study_pairs_a_sampled_mask_only_at_the_same_number_of_draws() -> None:
+    # one sweep drew 3 documents layouts, another 1: their medians are over different masks
+    c = _cells([_shape("a", 4096, 128, mask="causal_document", mask_samples=3),
+                _shape("a", 4096, 64, mask="causal_document", mask_samples=1),
+                _shape("a", 4096, 256, mask="causal_document", mask_samples=3)])
+    study = queries.shape_study(c)
+    assert sorted(study.get_column("head_dim")) == [128, 256]
+    table, variants = queries.shape_table(study)
+    assert variants == ["D=128 bf16", "D=256 bf16"] and table.get_column("mask_samples").to_list() == [3]
