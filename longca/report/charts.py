@@ -360,7 +360,7 @@ def shape_chart(study: pl.DataFrame) -> ChartSpec | None:
     if study.get_column("machine").n_unique() > 1:
         parts += [pl.lit(" on "), pl.col("machine")]
     df = study.with_columns(group=pl.concat_str(parts), series=pl.col("kernel")).sort("group", "series", "head_dim")
-    x = alt.X("head_dim:O", title="head dim", sort="ascending")
+    x = alt.X("head_dim:O", title="head dim", sort="ascending", axis=alt.Axis(labelAngle=0))
     y = alt.Y("tflops:Q", title="TFLOP/s (exact mask area)")
     chart, values = _layered_facet([("measured", df, _lines(x, y, dash="dtype"))], row="group", column="pass")
     return ChartSpec(id="shapes-head-dim", title="Head dim and dtype: throughput at one length",
