@@ -13,13 +13,19 @@ slower, which is not a timer difference. So each round also runs do_bench with w
 repetition matched to longca's own duration (`matched_*`), and the SM clock is read after every
 measurement (`*_clock_mhz`, NVML), to tell timer disagreement from clock drift.
 
-    python benchmarks/timer_fidelity.py OUT.json [--rounds 3]
+With --spec and --sweep, longca's timer runs under that sweep's repeat protocol instead of the
+fixed 5 + 20 calls: the figure a sweep publishes (for the dense sweep of specs/h200.yaml: warm-up cut
+at 50 ms, then 10-1000 calls in 2 s), and the matched do_bench gets the warm-up and timed calls that
+protocol actually made.
+
+    python benchmarks/timer_fidelity.py OUT.json [--rounds 3] [--spec specs/h200.yaml --sweep dense]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 
 import torch
@@ -31,10 +37,31 @@ from longca.measure.flops import attention_flops
 from longca.measure.env import gpu_clock_state
 from longca.measure.timer import CudaTimer
 
+# the protocol of calls 1, 16 and 29: 5 warm-up and exactly 20 timed calls
+FIXED = {"warmup": 5, "iters": 20, "min_iters": 20, "budget_s": 60.0, "l2_flush": True}
 
-def main(out: str, rounds: int = 1) -> None:
+
+def sweep_protocol(spec_path: str, sweep: str) -> dict:
+    """The repeat settings every single-GPU cell of `sweep` shares (an error if they differ)."""
+    from longca.spec.cells import expand
+    from longca.spec.load import load_spec
+
+    spec = load_spec(spec_path)
+    names = [sw.name for sw in spec.sweeps]
+    if sweep not in names:
+        raise SystemExit(f"--sweep {sweep!r}: not a sweep of {spec_path} (allowed: {', '.join(names)})")
+    repeats = {c.repeat for c in expand(spec) if c.sweep == sweep and c.world_size == 1}
+    if not repeats:
+        raise SystemExit(f"--sweep {sweep!r}: no single-GPU cells in {spec_path}, so no protocol for one GPU")
+    if len(repeats) > 1:  # one sweep has one repeat today; refuse rather than pick one if that changes
+        raise SystemExit(f"--sweep {sweep!r}: its single-GPU cells have {len(repeats)} repeat protocols, not one")
+    return dict(next(iter(repeats)))
+
+
+def main(out: str, rounds: int = 1, protocol: dict | None = None) -> None:
+    rep = dict(FIXED if protocol is None else protocol)
     dev = torch.device("cuda")
-    timer = CudaTimer(dev, l2_flush=True)
+    timer = CudaTimer(dev, l2_flush=bool(rep.get("l2_flush", True)))
     rows = []
     for kname in ("sdpa_cudnn", "fa4"):
         try:
@@ -61,12 +88,16 @@ def main(out: str, rounds: int = 1) -> None:
                 clocks: dict[str, list] = {"longca": [], "do_bench": [], "matched": []}
                 with torch.no_grad():
                     for _ in range(rounds):
-                        timings.append(timer.time(fn, warmup=5, iters=20, min_iters=20, budget_s=60))
+                        timings.append(timer.time(fn, warmup=rep["warmup"], iters=rep["iters"],
+                                                  min_iters=rep.get("min_iters", 1), budget_s=rep["budget_s"],
+                                                  warmup_s=rep.get("warmup_s")))
                         clocks["longca"].append(gpu_clock_state().get("clock_mhz"))
                         theirs.append(triton.testing.do_bench(fn, warmup=100, rep=500, return_mode="median"))
                         clocks["do_bench"].append(gpu_clock_state().get("clock_mhz"))
-                        t = timings[-1].median_ms
-                        matched.append(triton.testing.do_bench(fn, warmup=5 * t, rep=20 * t, return_mode="median"))
+                        # do_bench for as long as longca's own warm-up and timed calls took
+                        t, done = timings[-1].median_ms, timings[-1]
+                        matched.append(triton.testing.do_bench(fn, warmup=done.warmup_iters * t,
+                                                               rep=done.timed_iters * t, return_mode="median"))
                         clocks["matched"].append(gpu_clock_state().get("clock_mhz"))
                 mine = [t.median_ms for t in timings]
                 ratios = [a / b for a, b in zip(mine, theirs)]
@@ -80,16 +111,27 @@ def main(out: str, rounds: int = 1) -> None:
                              "matched_ratios": matched_ratios, "matched_do_bench_ms": matched,
                              "longca_clock_mhz": clocks["longca"], "do_bench_clock_mhz": clocks["do_bench"],
                              "matched_clock_mhz": clocks["matched"], "longca_tflops": flops / ours / 1e9,
-                             "do_bench_tflops": flops / bench / 1e9, "timed_iters": timings[0].timed_iters})
-    with open(out, "w") as fh:
+                             "do_bench_tflops": flops / bench / 1e9, "timed_iters": [t.timed_iters for t in timings],
+                             "warmup_iters": [t.warmup_iters for t in timings], "protocol": rep})
+                _save(rows, out)  # after every case: a call that runs out of time keeps the cases done
+                print(json.dumps(rows[-1]), flush=True)
+    _save(rows, out)
+
+
+def _save(rows: list[dict], out: str) -> None:
+    tmp = f"{out}.tmp"
+    with open(tmp, "w") as fh:
         json.dump(rows, fh, indent=1)
-    for r in rows:
-        print(json.dumps(r))
+    os.replace(tmp, out)
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", help="JSON file to write")
     ap.add_argument("--rounds", type=int, default=1, help="measurements per case, alternating the timers")
+    ap.add_argument("--spec", help="time under a sweep's repeat protocol: the spec file (with --sweep)")
+    ap.add_argument("--sweep", help="the sweep of --spec whose protocol longca's timer uses")
     args = ap.parse_args()
-    main(args.out, args.rounds)
+    if (args.spec is None) != (args.sweep is None):
+        ap.error("--spec and --sweep go together")
+    main(args.out, args.rounds, sweep_protocol(args.spec, args.sweep) if args.spec else None)

@@ -28,7 +28,9 @@
 #     sparse_tune       Triton block-sparse tiles tuned (benchmarks/sparse_triton.py --tune-only)
 #     checks            timer fidelity, FA4 smoke test and the sparse kernel check on GPU 0
 #     sparse_goal       the Triton block-sparse goal shape against dense cuDNN (sparse_triton.py headline)
-#     fidelity          the timer fidelity check alone (FIDELITY_ROUNDS rounds, default 3) on GPU 0
+#     fidelity          the timer fidelity check alone (FIDELITY_ROUNDS rounds, default 3) on GPU 0;
+#                       FIDELITY_ARGS="--spec specs/h200.yaml --sweep dense" times longca under that
+#                       sweep's protocol (default: 5 warm-up and 20 timed calls)
 #     sparse_long       the sparse_long sweep (256K, 512K), Triton first, then Flex (no FA4 needed)
 #     baselines         the dense_baselines sweep, sharded over the GPUs (no FA4 needed)
 #     long_rest         the long sweep's other kernels, FA4 first, then cuDNN, then the rest,
@@ -255,7 +257,8 @@ case "$1" in
     CUDA_VISIBLE_DEVICES=0 timeout -k 10 -s TERM "$(capped 120)" python3 benchmarks/flex_retained_graph.py \
       > "$logs/flex-retained.log" 2>&1 ;;
   fidelity)
-    CUDA_VISIBLE_DEVICES=0 timeout "$(capped 240)" python3 benchmarks/timer_fidelity.py "$logs/fidelity.json" --rounds "${FIDELITY_ROUNDS:-3}" > "$logs/fidelity.log" 2>&1 ;;
+    # FIDELITY_ARGS="--spec specs/h200.yaml --sweep dense": longca timed under the dense sweep's protocol
+    CUDA_VISIBLE_DEVICES=0 timeout "$(capped 240)" python3 benchmarks/timer_fidelity.py "$logs/fidelity.json" --rounds "${FIDELITY_ROUNDS:-3}" ${FIDELITY_ARGS:-} > "$logs/fidelity.log" 2>&1 ;;
   checks)
     run_stage fidelity
     CUDA_VISIBLE_DEVICES=0 timeout 120 python3 tools/fa4_smoke.py > "$logs/fa4_smoke.log" 2>&1
