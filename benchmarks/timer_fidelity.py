@@ -35,7 +35,7 @@ from longca.kernels.registry import get
 from longca.masks.registry import build_mask
 from longca.measure.flops import attention_flops
 from longca.measure.env import gpu_clock_state
-from longca.measure.timer import CudaTimer
+from longca.measure.timer import CudaTimer, time_under
 
 # the protocol of calls 1, 16 and 29: 5 warm-up and exactly 20 timed calls
 FIXED = {"warmup": 5, "iters": 20, "min_iters": 20, "budget_s": 60.0, "l2_flush": True}
@@ -43,13 +43,12 @@ FIXED = {"warmup": 5, "iters": 20, "min_iters": 20, "budget_s": 60.0, "l2_flush"
 
 def sweep_protocol(spec_path: str, sweep: str) -> dict:
     """The repeat settings every single-GPU cell of `sweep` shares (an error if they differ)."""
-    from longca.spec.cells import expand
+    from longca.spec.cells import expand, unknown_sweep
     from longca.spec.load import load_spec
 
     spec = load_spec(spec_path)
-    names = [sw.name for sw in spec.sweeps]
-    if sweep not in names:
-        raise SystemExit(f"--sweep {sweep!r}: not a sweep of {spec_path} (allowed: {', '.join(names)})")
+    if error := unknown_sweep(sweep, spec.name, (sw.name for sw in spec.sweeps)):
+        raise SystemExit(error)
     repeats = {c.repeat for c in expand(spec) if c.sweep == sweep and c.world_size == 1}
     if not repeats:
         raise SystemExit(f"--sweep {sweep!r}: no single-GPU cells in {spec_path}, so no protocol for one GPU")
@@ -88,16 +87,15 @@ def main(out: str, rounds: int = 1, protocol: dict | None = None) -> None:
                 clocks: dict[str, list] = {"longca": [], "do_bench": [], "matched": []}
                 with torch.no_grad():
                     for _ in range(rounds):
-                        timings.append(timer.time(fn, warmup=rep["warmup"], iters=rep["iters"],
-                                                  min_iters=rep.get("min_iters", 1), budget_s=rep["budget_s"],
-                                                  warmup_s=rep.get("warmup_s")))
+                        timings.append(time_under(timer, fn, rep))  # as a cell of the sweep is timed
                         clocks["longca"].append(gpu_clock_state().get("clock_mhz"))
                         theirs.append(triton.testing.do_bench(fn, warmup=100, rep=500, return_mode="median"))
                         clocks["do_bench"].append(gpu_clock_state().get("clock_mhz"))
                         # do_bench for as long as longca's own warm-up and timed calls took
-                        t, done = timings[-1].median_ms, timings[-1]
-                        matched.append(triton.testing.do_bench(fn, warmup=done.warmup_iters * t,
-                                                               rep=done.timed_iters * t, return_mode="median"))
+                        done = timings[-1]
+                        matched.append(triton.testing.do_bench(fn, warmup=done.warmup_iters * done.median_ms,
+                                                               rep=done.timed_iters * done.median_ms,
+                                                               return_mode="median"))
                         clocks["matched"].append(gpu_clock_state().get("clock_mhz"))
                 mine = [t.median_ms for t in timings]
                 ratios = [a / b for a, b in zip(mine, theirs)]

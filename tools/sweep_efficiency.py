@@ -63,7 +63,7 @@ def timed_seconds(rows: pl.DataFrame, digests: set[str]) -> tuple[float, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from longca.spec.cells import expand
+    from longca.spec.cells import expand, unknown_sweep
     from longca.spec.load import load_spec
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -73,9 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--logs", nargs="+", required=True, help="log files or folders with `process wall` lines")
     a = ap.parse_args(argv)
     spec = load_spec(a.spec)
-    if a.sweep not in {sw.name for sw in spec.sweeps}:
-        ap.error(f"--sweep {a.sweep!r}: not a sweep of {a.spec} (allowed: "
-                 f"{', '.join(sw.name for sw in spec.sweeps)})")
+    if error := unknown_sweep(a.sweep, spec.name, (sw.name for sw in spec.sweeps)):
+        ap.error(error)
     cells = [c for c in expand(spec) if c.sweep == a.sweep]
     rows = pl.concat([pl.read_parquet(p, columns=["cell_digest", "samples_ms"]) for p in a.rows],
                      how="diagonal_relaxed")

@@ -60,10 +60,12 @@ def _run(args: argparse.Namespace) -> int:
 def _check_selection(spec_name: str, cells: list, sweeps: list[str] | None, only: list[str]) -> None:
     """A --sweep or --only value that matches no cell of the spec (`cells`: all of them) is a typo:
     say so before any run instead of silently running nothing."""
-    names = sorted({c.sweep for c in cells})
+    from longca.spec.cells import unknown_sweep
+
+    names = {c.sweep for c in cells}
     for name in sweeps or []:
-        if name not in names:
-            raise ValueError(f"--sweep {name!r}: no such sweep in {spec_name!r}; allowed: {', '.join(names)}")
+        if error := unknown_sweep(name, spec_name, names):
+            raise ValueError(error)
     if sweeps:
         cells = [c for c in cells if c.sweep in sweeps]
     for key, values in _wanted(only).items():

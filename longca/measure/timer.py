@@ -50,6 +50,12 @@ class Timing:
         return float(np.percentile(self.samples_ms, 80))
 
 
+def time_under(timer, fn: Callable[[], object], repeat: dict, before: Callable[[], None] | None = None) -> Timing:
+    """`fn` timed by `timer` under a sweep's repeat protocol (the keys of a spec's `repeat`)."""
+    return timer.time(fn, warmup=repeat["warmup"], iters=repeat["iters"], min_iters=repeat.get("min_iters", 1),
+                      budget_s=repeat["budget_s"], warmup_s=repeat.get("warmup_s"), before=before)
+
+
 def _plan_iters(first_ms: float, iters: int, min_iters: int, budget_s: float) -> int:
     by_budget = int(budget_s * 1000.0 / max(first_ms, 1e-6))
     return max(min_iters, min(iters, by_budget))

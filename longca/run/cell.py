@@ -28,7 +28,7 @@ from longca.measure.flops import attention_flops
 from longca.measure.peak import peak_tflops
 from longca.measure.reference import dense_mask_tensor, reference_attention, relative_error
 from longca.measure.reference_cache import ReferenceCache
-from longca.measure.timer import RETAINED_GRAPH, timer_for
+from longca.measure.timer import RETAINED_GRAPH, time_under, timer_for
 from longca.spec.cells import Cell
 
 RUN_ID = uuid.uuid4().hex[:12]  # one per process: rows of one run share it
@@ -310,8 +310,7 @@ def _measure_sample(cell: Cell, device: torch.device, sample: int, check: dict[s
             x.grad = None
 
     def timed(fn, before=None):  # the spec's repeat protocol around one call
-        return timer.time(fn, warmup=rep["warmup"], iters=rep["iters"], min_iters=rep.get("min_iters", 1),
-                          budget_s=rep["budget_s"], warmup_s=rep.get("warmup_s"), before=before)
+        return time_under(timer, fn, rep, before)
 
     if cell.pass_ == "fwd":
         with torch.no_grad():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
@@ -186,6 +187,13 @@ def resolve_backend(backend: str, device: str) -> str:
     if backend != "auto":
         return backend
     return "nccl" if device == "cuda" else "gloo"
+
+
+def unknown_sweep(name: str, spec_name: str, names: Iterable[str]) -> str | None:
+    """The error for a --sweep value that is none of `names` (the spec's sweeps), naming the
+    allowed ones; None when it is one of them."""
+    names = sorted(set(names))
+    return None if name in names else f"--sweep {name!r}: no such sweep in {spec_name!r}; allowed: {', '.join(names)}"
 
 
 def expand(spec: Spec) -> list[Cell]:
