@@ -13,6 +13,8 @@ slower, which is not a timer difference. So each round also runs do_bench with w
 repetition matched to longca's own duration (`matched_*`), and the SM clock is read after every
 measurement (`*_clock_mhz`, NVML), to tell timer disagreement from clock drift.
 
+--kernels picks the kernels (default both): a call cut short continues with the ones it missed.
+
 With --spec and --sweep, longca's timer runs under that sweep's repeat protocol instead of the
 fixed 5 + 20 calls: the figure a sweep publishes (for the dense sweep of specs/h200.yaml: warm-up cut
 at 50 ms, then 10-1000 calls in 2 s), and the matched do_bench gets the warm-up and timed calls that
@@ -57,12 +59,25 @@ def sweep_protocol(spec_path: str, sweep: str) -> dict:
     return dict(next(iter(repeats)))
 
 
-def main(out: str, rounds: int = 1, protocol: dict | None = None) -> None:
+def fidelity_kernels(names: str) -> tuple[str, ...]:
+    """The comma-separated kernels of --kernels, each a registered kernel (an error names the allowed ones)."""
+    from longca.kernels.registry import load_all
+
+    known = sorted(load_all())
+    picked = tuple(n.strip() for n in names.split(",") if n.strip())
+    unknown = [n for n in picked if n not in known]
+    if unknown or not picked:
+        raise SystemExit(f"--kernels {names!r}: unknown {', '.join(unknown) or '(none given)'}; allowed: {', '.join(known)}")
+    return picked
+
+
+def main(out: str, rounds: int = 1, protocol: dict | None = None,
+         kernels: tuple[str, ...] = ("sdpa_cudnn", "fa4")) -> None:
     rep = dict(FIXED if protocol is None else protocol)
     dev = torch.device("cuda")
     timer = CudaTimer(dev, l2_flush=bool(rep.get("l2_flush", True)))
     rows = []
-    for kname in ("sdpa_cudnn", "fa4"):
+    for kname in kernels:
         try:
             kernel = get(kname)
         except KeyError:
@@ -129,7 +144,10 @@ if __name__ == "__main__":
     ap.add_argument("--rounds", type=int, default=1, help="measurements per case, alternating the timers")
     ap.add_argument("--spec", help="time under a sweep's repeat protocol: the spec file (with --sweep)")
     ap.add_argument("--sweep", help="the sweep of --spec whose protocol longca's timer uses")
+    ap.add_argument("--kernels", default="sdpa_cudnn,fa4",
+                    help="comma-separated kernels to check (a call cut short continues with the rest)")
     args = ap.parse_args()
     if (args.spec is None) != (args.sweep is None):
         ap.error("--spec and --sweep go together")
-    main(args.out, args.rounds, sweep_protocol(args.spec, args.sweep) if args.spec else None)
+    main(args.out, args.rounds, sweep_protocol(args.spec, args.sweep) if args.spec else None,
+         fidelity_kernels(args.kernels))

@@ -56,3 +56,12 @@ sweeps:
     assert tf.sweep_protocol(str(spec), "mixed")["iters"] == 3
     with pytest.raises(SystemExit, match="--sweep 'mixed_cp': no single-GPU cells"):
         tf.sweep_protocol(str(spec), "mixed_cp")  # CP cells only: nothing for a single-GPU timer
+
+
+def test_kernels_are_picked_by_name_and_typos_name_the_allowed_ones() -> None:
+    assert tf.fidelity_kernels("fa4") == ("fa4",)
+    assert tf.fidelity_kernels("sdpa_cudnn, fa4") == ("sdpa_cudnn", "fa4")
+    with pytest.raises(SystemExit, match=r"--kernels 'fa5': unknown fa5; allowed: .*\bfa4\b.*\bsdpa_cudnn\b"):
+        tf.fidelity_kernels("fa5")
+    with pytest.raises(SystemExit, match=r"unknown \(none given\)"):
+        tf.fidelity_kernels(",")
