@@ -35,6 +35,8 @@ def test_unpack_restores_every_cell_with_all_its_rows_and_keeps_sound_files(tmp_
         path = cell_path_of_row(_row(c, seqlen_q=8 * (i + 1)), out)
         t = pq.read_table(path)
         assert t.num_rows == 1 + i % 3 and set(t.column("median_ms").to_pylist()) == {float(i)}
+        # the very table the worker wrote: same rows in the same order, same schema and field docs
+        assert t.equals(pq.read_table(files[i]), check_metadata=True)
 
     # a newer measurement in place is never overwritten; a damaged file is restored
     newer = cell_path_of_row(_row("c000", seqlen_q=8), out)
