@@ -119,14 +119,21 @@ def _layered_facet(layers: Sequence[tuple[str, pl.DataFrame, Callable[[alt.Chart
     return (layered.facet(**facet).resolve_scale(y="independent") if facet else layered), values
 
 
-def _lines(x: alt.X, y: alt.Y, color: str = "series", dash: str | None = None) -> Callable[[alt.Chart], alt.Chart]:
-    """Measured lines with points, a legend that selects series, and full-parameter tooltips."""
+def _lines(x: alt.X, y: alt.Y, color: str = "series", dash: str | None = None,
+           dash_shapes: bool = False) -> Callable[[alt.Chart], alt.Chart]:
+    """Measured lines with points, a legend that selects series, and full-parameter tooltips.
+    dash_shapes: the `dash` field also picks the point shape, for variants measured at one x only
+    (a lone point has no line to dash)."""
     def make(base: alt.Chart) -> alt.Chart:
         pick = alt.selection_point(fields=[color], bind="legend", name="pick")
         enc: dict[str, Any] = dict(x=x, y=y, color=alt.Color(f"{color}:N", title=None),
                                    opacity=alt.when(pick).then(alt.value(1.0)).otherwise(alt.value(0.12)))
         if dash:
-            enc["strokeDash"] = alt.StrokeDash(f"{dash}:N")
+            if dash_shapes:  # one legend, the shapes'; the dashes follow it
+                enc["strokeDash"] = alt.StrokeDash(f"{dash}:N", legend=None)
+                enc["shape"] = alt.Shape(f"{dash}:N")
+            else:
+                enc["strokeDash"] = alt.StrokeDash(f"{dash}:N")
             enc["detail"] = alt.Detail(f"{dash}:N")
         # the tooltip shows every field of the point: records() already chose the cell's parameters.
         # (Per-field tooltip encodings cost Altair ~1 s of schema matching per chart.)
@@ -362,13 +369,14 @@ def shape_chart(study: pl.DataFrame) -> ChartSpec | None:
     df = study.with_columns(group=pl.concat_str(parts), series=pl.col("kernel")).sort("group", "series", "head_dim")
     x = alt.X("head_dim:O", title="head dim", sort="ascending", axis=alt.Axis(labelAngle=0))
     y = alt.Y("tflops:Q", title="TFLOP/s (exact mask area)")
-    chart, values = _layered_facet([("measured", df, _lines(x, y, dash="dtype"))], row="group", column="pass")
+    chart, values = _layered_facet([("measured", df, _lines(x, y, dash="dtype", dash_shapes=True))], row="group",
+                                    column="pass")
     return ChartSpec(id="shapes-head-dim", title="Head dim and dtype: throughput at one length",
                      chart=chart.properties(title="TFLOP/s (exact mask area) by head dim"), values=values, data=df,
                      machines=queries.machines(df),
                      query="status ok, world_size 1, softmax; cells of one kernel, mask, pass, length and heads "
                            "at several (head dim, dtype), at the lengths with the most such variants",
-                     caption="A line per kernel (colour) and dtype (dash) across head dims; each panel holds one "
+                     caption="A line per kernel (colour) and dtype (dash and point shape) across head dims; each panel holds one "
                              "mask, head counts and length. Click a legend entry to pick kernels.")
 
 

@@ -120,3 +120,27 @@ def test_sparse_peer_layers_do_not_depend_on_input_order(cells: pl.DataFrame, x:
                                     pe.sample(fraction=1.0, shuffle=True, seed=seed), x).spec()
         assert [_layer(again, k) for k in ("peer_range", "peer_text")] == [_layer(first, k) for k in ("peer_range", "peer_text")]
     assert _layer(first, "peer_range")  # the comparison is not vacuous
+
+
+def _encodings(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every `encoding` in a spec, however deep (layers, facets)."""
+    found = []
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if isinstance(node.get("encoding"), dict):
+                found.append(node["encoding"])
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+    walk({k: v for k, v in spec.items() if k != "datasets"})
+    return found
+
+
+def test_the_head_dim_chart_marks_dtype_by_point_shape_with_one_legend(cells: pl.DataFrame) -> None:
+    # a dtype measured at one head dim only (fp16 at D=128) is a lone point: no line to dash
+    enc = [e for e in _encodings(charts.shape_chart(queries.shape_study(cells)).spec()) if "shape" in e]
+    assert enc and all(e["shape"]["field"] == "dtype" and e["strokeDash"]["legend"] is None for e in enc)
+    cp = charts.cp_chart(queries.cp_cells(cells), peers.for_cp(peers.load()), "length").spec()
+    assert not any("shape" in e for e in _encodings(cp))  # other dashed charts keep their dash legend
