@@ -6,12 +6,19 @@ import argparse
 import collections
 import json
 
+from longca.spec.select import ONLY_HELP
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="validate a spec and list its cells and pending jobs")
     p.add_argument("spec", help="spec YAML file")
-    p.add_argument("--results", default="results")
-    p.add_argument("--json", action="store_true", help="print every cell as JSON lines")
+    p.add_argument("--results", default="results", help="results folder (default: results)")
+    p.add_argument("--rows", action="append", default=[], metavar="PARQUET",
+                   help="also count as done the cells with rows in this aggregate (repeatable), "
+                        "e.g. results copied from another machine and not unpacked")
+    p.add_argument("--sweep", action="append", default=None, help="only these sweeps (repeatable)")
+    p.add_argument("--only", action="append", default=[], metavar="KEY=VALUE", help=ONLY_HELP)
+    p.add_argument("--json", action="store_true", help="print every selected cell as JSON lines")
     p.set_defaults(func=_plan)
 
 
@@ -19,16 +26,50 @@ def _plan(args: argparse.Namespace) -> int:
     from longca.run.cell import planned_unsupported
     from longca.run.plan import plan_jobs
     from longca.spec.load import load_spec
+    from longca.spec.select import check_selection, selector
 
     spec = load_spec(args.spec)
     cells, jobs = plan_jobs(spec, args.results)
+    check_selection(spec.name, cells, args.sweep, args.only)
+    keep = selector(args.only)
+    chosen = [c for c in cells if (not args.sweep or c.sweep in args.sweep) and keep(c)]
     if args.json:
-        for c in cells:
+        for c in chosen:
             print(json.dumps({"id": c.id, "output": c.output(args.results),
                               "unsupported": planned_unsupported(c) if c.cp_mechanism is None else None}))
         return 0
-    kinds = collections.Counter(j.kind for j in jobs)
-    pending = sum(len(j.cells) for j in jobs)
-    print(f"spec {spec.name}: {len(cells)} cells in {len(spec.sweeps)} sweep(s); {pending} to run in {len(jobs)} "
-          f"job(s) {dict(kinds)}")
+    recorded = _digests(args.rows)
+    wanted = {c.digest for c in chosen}
+    kind_of = {c.digest: j.kind for j in jobs for c in j.cells if c.digest in wanted and c.digest not in recorded}
+    pending_jobs = [j for j in jobs if any(c.digest in kind_of for c in j.cells)]
+    scope = "" if len(chosen) == len(cells) else f" ({len(chosen)} selected)"
+    print(f"spec {spec.name}: {len(cells)} cells in {len(spec.sweeps)} sweep(s){scope}; {len(kind_of)} to run "
+          f"in {len(pending_jobs)} job(s) {dict(collections.Counter(j.kind for j in pending_jobs))}")
+    print(_table(chosen, kind_of))
     return 0
+
+
+def _digests(paths: list[str]) -> set[str]:
+    """The cell digests with rows in these aggregates (one column read)."""
+    import pyarrow.parquet as pq
+
+    return {d for p in paths for d in pq.read_table(p, columns=["cell_digest"]).column("cell_digest").to_pylist()}
+
+
+def _table(cells: list, kind_of: dict[str, str]) -> str:
+    """Per sweep and kernel: cells, done, to run, and how many of those the capabilities rule out
+    (recorded `unsupported` without a device)."""
+    counts: dict[tuple[str, str], list[int]] = {}
+    for c in cells:
+        n = counts.setdefault((c.sweep, c.kernel), [0, 0, 0, 0])
+        n[0] += 1
+        if c.digest in kind_of:
+            n[2] += 1
+            n[3] += kind_of[c.digest] == "planned"
+        else:
+            n[1] += 1
+    head = ("sweep", "kernel", "cells", "done", "to run", "of which planned unsupported")
+    rows = [head] + [(s, k, *map(str, n)) for (s, k), n in counts.items()]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    return "\n".join("  ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths)))
+                     for r in rows)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from longca.spec.select import ONLY_HELP
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run cells of a spec; with no outputs, every missing cell")
@@ -14,9 +16,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--shard", default=None, metavar="I/N",
                    help="run only every N-th pending cell starting at I (one process per GPU on one host)")
     p.add_argument("--sweep", action="append", default=None, help="only these sweeps (repeatable)")
-    p.add_argument("--only", action="append", default=[], metavar="KEY=VALUE",
-                   help="only cells with this value (repeatable; repeated keys are alternatives), keys: "
-                        "kernel, mask, seqlen, heads, head_dim, dtype, pass, batch, cp_mechanism, world_size")
+    p.add_argument("--only", action="append", default=[], metavar="KEY=VALUE", help=ONLY_HELP)
     p.add_argument("--retry", action="append", default=[], choices=["error", "timeout", "oom", "incorrect"],
                    help="also rerun cells whose recorded status is this (repeatable), e.g. after a fix")
     p.add_argument("outputs", nargs="*", help="cell output files to produce (as planned by the Snakefile)")
@@ -27,12 +27,13 @@ def _run(args: argparse.Namespace) -> int:
     from longca.run.chunk import run_chunk
     from longca.run.plan import plan_jobs
     from longca.spec.load import load_spec
+    from longca.spec.select import check_selection, selector
 
     if args.outputs:
         return run_chunk(args.spec, args.outputs, args.results, args.launcher)
     spec = load_spec(args.spec)
     cells, jobs = plan_jobs(spec, args.results, retry=frozenset(args.retry))
-    _check_selection(spec.name, cells, args.sweep, args.only)
+    check_selection(spec.name, cells, args.sweep, args.only)
     if args.shard:
         try:
             i, n = (int(x) for x in args.shard.split("/"))
@@ -44,7 +45,7 @@ def _run(args: argparse.Namespace) -> int:
     # Planned-unsupported chunks first: they touch no device and take no time, so a run stopped by a
     # time limit has recorded every cell the capabilities rule out (Snakemake runs them as separate jobs).
     jobs = sorted(jobs, key=lambda j: j.kind != "planned")
-    keep = _filter(args.only)
+    keep = selector(args.only)
     for job in jobs:
         pairs = [(c, o) for c, o in zip(job.cells, job.outputs) if keep(c)]
         if args.shard:
@@ -57,64 +58,9 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_selection(spec_name: str, cells: list, sweeps: list[str] | None, only: list[str]) -> None:
-    """A --sweep or --only value that matches no cell of the spec (`cells`: all of them) is a typo:
-    say so before any run instead of silently running nothing."""
-    from longca.spec.cells import unknown_sweep
-
-    names = {c.sweep for c in cells}
-    for name in sweeps or []:
-        if error := unknown_sweep(name, spec_name, names):
-            raise ValueError(error)
-    if sweeps:
-        cells = [c for c in cells if c.sweep in sweeps]
-    for key, values in _wanted(only).items():
-        present = {_value_of(c, key) for c in cells}
-        for v in sorted(values - present):
-            raise ValueError(f"--only {key}={v}: no cell of the selected sweeps has it; allowed: "
-                             f"{', '.join(sorted(present, key=_natural))}")
-
-
-def _natural(s: str):
-    return (len(s), s) if s.isdigit() else (0, s)
-
-
 def _config_index(cell) -> int:
     """A stable number for the cell's configuration: its partition without the pass."""
     import hashlib
 
     key = "|".join(f"{k}={v}" for k, v in cell.partition if k != "pass")
     return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16)
-
-
-_ONLY_KEYS = ("kernel", "mask", "seqlen", "heads", "head_dim", "dtype", "pass", "batch", "cp_mechanism", "world_size")
-
-
-def _wanted(only: list[str]) -> dict[str, set[str]]:
-    from longca.spec.load import DTYPE_ALIASES, parse_seqlen
-
-    wanted: dict[str, set[str]] = {}
-    for item in only:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"--only {item!r}: expected KEY=VALUE")
-        if key == "seqlen":
-            value = str(parse_seqlen(value, "--only seqlen"))
-        elif key == "dtype":
-            value = DTYPE_ALIASES.get(value, value)
-        wanted.setdefault(key, set()).add(value)
-    return wanted
-
-
-def _value_of(cell, key: str) -> str:
-    if key == "heads":
-        return f"{cell.heads_q}:{cell.heads_kv}"
-    attr = {"pass": "pass_"}.get(key, key)
-    if key not in _ONLY_KEYS or not hasattr(cell, attr):
-        raise ValueError(f"--only: unknown key {key!r}; allowed: {', '.join(_ONLY_KEYS)}")
-    return str(getattr(cell, attr))
-
-
-def _filter(only: list[str]):
-    wanted = _wanted(only)
-    return lambda cell: all(_value_of(cell, k) in vals for k, vals in wanted.items())

@@ -1,0 +1,62 @@
+"""Selecting cells of a spec by sweep and by value (`--sweep`, `--only KEY=VALUE` of `longca run`
+and `longca plan`); a selection that matches no cell is a typo, named with the allowed values."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+ONLY_KEYS = ("kernel", "mask", "seqlen", "heads", "head_dim", "dtype", "pass", "batch", "cp_mechanism", "world_size")
+ONLY_HELP = ("only cells with this value (repeatable; repeated keys are alternatives), keys: " + ", ".join(ONLY_KEYS))
+
+
+def check_selection(spec_name: str, cells: list, sweeps: Iterable[str] | None, only: list[str]) -> None:
+    """A --sweep or --only value that matches no cell of the spec (`cells`: all of them) is a typo:
+    say so before any run instead of silently running nothing."""
+    from longca.spec.cells import unknown_sweep
+
+    names = {c.sweep for c in cells}
+    for name in sweeps or []:
+        if error := unknown_sweep(name, spec_name, names):
+            raise ValueError(error)
+    if sweeps:
+        cells = [c for c in cells if c.sweep in sweeps]
+    for key, values in _wanted(only).items():
+        present = {_value_of(c, key) for c in cells}
+        for v in sorted(values - present):
+            raise ValueError(f"--only {key}={v}: no cell of the selected sweeps has it; allowed: "
+                             f"{', '.join(sorted(present, key=_natural))}")
+
+
+def _natural(s: str):
+    return (len(s), s) if s.isdigit() else (0, s)
+
+
+def _wanted(only: list[str]) -> dict[str, set[str]]:
+    from longca.spec.load import DTYPE_ALIASES, parse_seqlen
+
+    wanted: dict[str, set[str]] = {}
+    for item in only:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--only {item!r}: expected KEY=VALUE")
+        if key == "seqlen":
+            value = str(parse_seqlen(value, "--only seqlen"))
+        elif key == "dtype":
+            value = DTYPE_ALIASES.get(value, value)
+        wanted.setdefault(key, set()).add(value)
+    return wanted
+
+
+def _value_of(cell, key: str) -> str:
+    if key == "heads":
+        return f"{cell.heads_q}:{cell.heads_kv}"
+    attr = {"pass": "pass_"}.get(key, key)
+    if key not in ONLY_KEYS or not hasattr(cell, attr):
+        raise ValueError(f"--only: unknown key {key!r}; allowed: {', '.join(ONLY_KEYS)}")
+    return str(getattr(cell, attr))
+
+
+def selector(only: list[str]) -> Callable[[object], bool]:
+    """A predicate: does a cell have one of the wanted values for every --only key?"""
+    wanted = _wanted(only)
+    return lambda cell: all(_value_of(cell, k) in vals for k, vals in wanted.items())

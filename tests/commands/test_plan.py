@@ -1,0 +1,57 @@
+"""`longca plan`: what is still to run, per sweep and kernel, before any device is touched."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from longca.cli import main
+from longca.run.cell import planned_unsupported
+from longca.spec.cells import expand
+from longca.spec.load import load_spec
+
+SPEC = "specs/default.yaml"
+
+
+def _table_rows(out: str) -> dict[tuple[str, str], tuple[int, int, int, int]]:
+    lines = out.strip().splitlines()
+    assert lines[1].split()[:4] == ["sweep", "kernel", "cells", "done"]
+    return {(p[0], p[1]): tuple(map(int, p[2:6])) for p in (line.split() for line in lines[2:])}
+
+
+def test_an_empty_results_folder_leaves_every_cell_to_run(tmp_path: Path, capsys) -> None:
+    cells = expand(load_spec(SPEC))
+    assert main(["plan", SPEC, "--results", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"spec default: {len(cells)} cells in ") and f"; {len(cells)} to run in " in out
+    table = _table_rows(out)
+    assert sum(n[0] for n in table.values()) == len(cells)
+    for (sweep, kernel), (total, done, todo, planned) in table.items():
+        mine = [c for c in cells if c.sweep == sweep and c.kernel == kernel]
+        assert (total, done, todo) == (len(mine), 0, len(mine))
+        # planned unsupported: the single-GPU cells the capabilities rule out before any device
+        assert planned == sum(1 for c in mine if c.cp_mechanism is None and planned_unsupported(c))
+    assert any(n[3] for n in table.values())  # the default spec has such cells
+
+
+def test_rows_of_an_aggregate_count_as_done_and_the_selection_narrows(tmp_path: Path, capsys) -> None:
+    cells = [c for c in expand(load_spec(SPEC)) if c.sweep == "dense" and c.kernel == "naive"]
+    agg = tmp_path / "all.parquet"
+    pq.write_table(pa.table({"cell_digest": [c.digest for c in cells[:5]]}), agg)
+    assert main(["plan", SPEC, "--results", str(tmp_path / "none"), "--rows", str(agg), "--sweep", "dense",
+                 "--only", "kernel=naive"]) == 0
+    out = capsys.readouterr().out
+    assert f"({len(cells)} selected); {len(cells) - 5} to run" in out
+    assert _table_rows(out) == {("dense", "naive"): (len(cells), 5, len(cells) - 5, 0)}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--sweep", "dens"], "--sweep 'dens': no such sweep in 'default'; allowed: cp, dense, shapes, sparse"),
+    (["--only", "kernel=cudnn"], "--only kernel=cudnn: no cell of the selected sweeps has it; allowed: "),
+])
+def test_a_selection_matching_no_cell_names_the_allowed_values(tmp_path: Path, capsys, args, message) -> None:
+    assert main(["plan", SPEC, "--results", str(tmp_path), *args]) == 2
+    assert message in capsys.readouterr().err
