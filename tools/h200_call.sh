@@ -293,6 +293,10 @@ for spec in h200 h200-cp; do
     keep=(); [ -f "results/$spec/all.parquet" ] && keep=(--keep "results/$spec/all.parquet")
     python3 -m longca.cli aggregate --spec "specs/$spec.yaml" --present-only --out "$out/$spec.parquet" ${keep[@]+"${keep[@]}"} \
       >> "$logs/aggregate.log" 2>&1
+    # what is left, per sweep and kernel, for planning the next call (the aggregate's cells count
+    # as done; an empty results folder keeps it from checking thousands of cell files again)
+    python3 -m longca.cli plan "specs/$spec.yaml" --results "$logs/no-results" --rows "$out/$spec.parquet" \
+      > "$logs/plan-$spec.txt" 2>&1
   fi
 done
 [ -n "$(ls -A "$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR")" ] && tar cJf "$out/fa4-cache.tar.xz" -C "$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR" . \

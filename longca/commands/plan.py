@@ -57,19 +57,19 @@ def _digests(paths: list[str]) -> set[str]:
 
 
 def _table(cells: list, kind_of: dict[str, str]) -> str:
-    """Per sweep and kernel: cells, done, to run, and how many of those the capabilities rule out
-    (recorded `unsupported` without a device)."""
-    counts: dict[tuple[str, str], list[int]] = {}
+    """Per sweep, kernel and CP mechanism: cells, done, to run, and how many of those the
+    capabilities rule out (recorded `unsupported` without a device)."""
+    counts: dict[tuple[str, str, str], list[int]] = {}
     for c in cells:
-        n = counts.setdefault((c.sweep, c.kernel), [0, 0, 0, 0])
+        n = counts.setdefault((c.sweep, c.kernel, c.cp_mechanism or "-"), [0, 0, 0, 0])
         n[0] += 1
         if c.digest in kind_of:
             n[2] += 1
             n[3] += kind_of[c.digest] == "planned"
         else:
             n[1] += 1
-    head = ("sweep", "kernel", "cells", "done", "to run", "of which planned unsupported")
-    rows = [head] + [(s, k, *map(str, n)) for (s, k), n in counts.items()]
+    head = ("sweep", "kernel", "cp", "cells", "done", "to run", "of which planned unsupported")
+    rows = [head] + [(*key, *map(str, n)) for key, n in counts.items()]
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    return "\n".join("  ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths)))
+    return "\n".join("  ".join(v.ljust(w) if i < 3 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths)))
                      for r in rows)

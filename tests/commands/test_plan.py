@@ -16,10 +16,10 @@ from longca.spec.load import load_spec
 SPEC = "specs/default.yaml"
 
 
-def _table_rows(out: str) -> dict[tuple[str, str], tuple[int, int, int, int]]:
+def _table_rows(out: str) -> dict[tuple[str, str, str], tuple[int, int, int, int]]:
     lines = out.strip().splitlines()
-    assert lines[1].split()[:4] == ["sweep", "kernel", "cells", "done"]
-    return {(p[0], p[1]): tuple(map(int, p[2:6])) for p in (line.split() for line in lines[2:])}
+    assert lines[1].split()[:5] == ["sweep", "kernel", "cp", "cells", "done"]
+    return {(p[0], p[1], p[2]): tuple(map(int, p[3:7])) for p in (line.split() for line in lines[2:])}
 
 
 def test_an_empty_results_folder_leaves_every_cell_to_run(tmp_path: Path, capsys) -> None:
@@ -29,8 +29,9 @@ def test_an_empty_results_folder_leaves_every_cell_to_run(tmp_path: Path, capsys
     assert out.startswith(f"spec default: {len(cells)} cells in ") and f"; {len(cells)} to run in " in out
     table = _table_rows(out)
     assert sum(n[0] for n in table.values()) == len(cells)
-    for (sweep, kernel), (total, done, todo, planned) in table.items():
-        mine = [c for c in cells if c.sweep == sweep and c.kernel == kernel]
+    assert ("cp", "naive", "ring_p2p") in table  # a CP sweep's rows name the mechanism
+    for (sweep, kernel, cp), (total, done, todo, planned) in table.items():
+        mine = [c for c in cells if c.sweep == sweep and c.kernel == kernel and (c.cp_mechanism or "-") == cp]
         assert (total, done, todo) == (len(mine), 0, len(mine))
         # planned unsupported: the single-GPU cells the capabilities rule out before any device
         assert planned == sum(1 for c in mine if c.cp_mechanism is None and planned_unsupported(c))
@@ -45,7 +46,7 @@ def test_rows_of_an_aggregate_count_as_done_and_the_selection_narrows(tmp_path: 
                  "--only", "kernel=naive"]) == 0
     out = capsys.readouterr().out
     assert f"({len(cells)} selected); {len(cells) - 5} to run" in out
-    assert _table_rows(out) == {("dense", "naive"): (len(cells), 5, len(cells) - 5, 0)}
+    assert _table_rows(out) == {("dense", "naive", "-"): (len(cells), 5, len(cells) - 5, 0)}
 
 
 @pytest.mark.parametrize("args, message", [
