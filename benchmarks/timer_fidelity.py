@@ -118,6 +118,7 @@ def main(out: str, rounds: int = 1, protocol: dict | None = None,
                 ours, bench = statistics.median(mine), statistics.median(theirs)
                 flops = attention_flops(mask.area, hq, 128, "fwd")
                 rows.append({"kernel": kname, "mask": mask_name, "heads": f"{hq}:{hkv}", "seqlen": s,
+                             "device": torch.cuda.get_device_name(dev),
                              "longca_median_ms": ours, "do_bench_median_ms": bench,
                              "ratio": statistics.median(ratios), "ratios": ratios, "longca_ms": mine,
                              "do_bench_ms": theirs, "matched_ratio": statistics.median(matched_ratios),

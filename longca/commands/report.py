@@ -14,6 +14,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--probe", action="append", default=[], metavar="PARQUET",
                    help="rows of protocol probes: shown only in the Status page's measurement-time tables, "
                         "never drawn (repeatable)")
+    p.add_argument("--fidelity", action="append", default=[], metavar="JSON",
+                   help="timer fidelity checks (benchmarks/timer_fidelity.py's output), tabled on the Status page "
+                        "(repeatable)")
     p.add_argument("--spec", metavar="SPEC.yaml", help="the spec that produced the rows, shown on the provenance page")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory, e.g. reports/<spec>/")
     p.add_argument("--title", help="site title (default: 'longca: <spec>')")
@@ -26,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     from longca.report import build_report  # heavy imports (altair, vl-convert) only when used
 
     built = build_report(args.data, args.out, spec=args.spec, title=args.title, png=not args.no_png,
-                         peers_path=args.peers, probe=args.probe)
+                         peers_path=args.peers, probe=args.probe, fidelity_checks=args.fidelity)
     print(f"wrote {len(built.pages)} pages and {len(built.charts)} charts to {built.out} "
           f"in {built.timings['total']:.1f} s; open {built.out / 'index.html'}")
     return 0

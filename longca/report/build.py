@@ -19,7 +19,7 @@ import polars as pl
 import pyarrow as pa
 
 import longca
-from longca.report import assets, charts, export, gallery, load, pages, peers, queries
+from longca.report import assets, charts, export, fidelity, gallery, load, pages, peers, queries
 from longca.report.charts import ChartSpec
 from longca.report.pages import Page, Table
 from longca.store.write import write_table
@@ -208,7 +208,8 @@ def _shapes_page(c: pl.DataFrame) -> Page:
 
 
 def _status_page(rows: pl.DataFrame, c: pl.DataFrame, probe: pl.DataFrame | None = None,
-                 superseded: pl.DataFrame | None = None, stale: pl.DataFrame | None = None) -> Page:
+                 superseded: pl.DataFrame | None = None, stale: pl.DataFrame | None = None,
+                 checks: pl.DataFrame | None = None) -> Page:
     page = Page("status.html", "Status", "Cells that are not ok")
     bad = queries.non_ok(rows, c)
     withheld = queries.partly_failed(c)
@@ -264,6 +265,20 @@ def _status_page(rows: pl.DataFrame, c: pl.DataFrame, probe: pl.DataFrame | None
         "the 10th percentile at the end), the share of rows that ended under the software power cap, and every "
         "throttle reason seen at the end (NVML's names). Many back-to-back calls run under the power cap at "
         "lower clocks than a short burst does: compare timings of different protocols with their clocks in view.")
+    if checks is not None and checks.height:
+        page.h2("Timer fidelity")
+        page.p("longca's timer (CUDA events, L2 flushed before every call) against a bare triton.testing.do_bench "
+               "loop (its defaults: 100 ms warm-up, 500 ms timed) on the same call, alternating in one process, "
+               "each case measured over several rounds. ratio: the median over rounds of longca's median / "
+               "do_bench's; worst_round: the round furthest from 1; matched_ratio: against do_bench run for as long "
+               "as longca's own calls (the GPU clock falls under sustained load, so a longer loop may run slower). "
+               f"The goal: within {fidelity.GOAL:.0%}. Every check run is listed, misses included. "
+               + fidelity.summary(checks))
+        shown = [col for col in fidelity.COLUMNS if col != "device" or checks.get_column("device").is_not_null().any()]
+        if checks.get_column("error").is_not_null().any():
+            shown.append("error")
+        page.table(_table(checks, shown, numeric=["seqlen", "rounds", "longca_ms", "do_bench_ms", "ratio",
+                                                  "worst_round", "matched_ratio"]))
     return page
 
 
@@ -295,7 +310,7 @@ def _peers_page(peer: pl.DataFrame, path: Path | None) -> Page:
 
 def _provenance_page(rows: pl.DataFrame, data: Sequence[Path], spec: Path | None, spec_name: str,
                      libs: dict[str, str], all_charts: list[ChartSpec], out: Path, title: str | None,
-                     probe: Sequence[Path] = ()) -> Page:
+                     probe: Sequence[Path] = (), checks: Sequence[Path] = ()) -> Page:
     page = Page("environment.html", "Environment & data", "Environment, provenance and downloads")
     page.h2("Where the numbers came from")
     env = queries.environments(rows)
@@ -307,7 +322,8 @@ def _provenance_page(rows: pl.DataFrame, data: Sequence[Path], spec: Path | None
                 *([("data/probes.parquet", "protocol probe rows (Status page timing tables only)")] if probe else [])])
     page.h2("Reproduce")
     cmd = ["longca", "report", *[a for d in data for a in ("--data", shown_path(d))],
-           *[a for d in probe for a in ("--probe", shown_path(d))]]
+           *[a for d in probe for a in ("--probe", shown_path(d))],
+           *[a for d in checks for a in ("--fidelity", shown_path(d))]]
     if spec is not None:
         cmd += ["--spec", shown_path(spec)]
     cmd += ["--out", shown_path(out)]
@@ -363,11 +379,12 @@ def _stale_cells(rows: pl.DataFrame, spec_path: Path) -> pl.DataFrame | None:
 
 def build_report(data: Sequence[str | Path], out: str | Path, spec: str | Path | None = None,
                  title: str | None = None, png: bool = True, peers_path: str | Path | None = None,
-                 probe: Sequence[str | Path] = ()) -> Built:
+                 probe: Sequence[str | Path] = (), fidelity_checks: Sequence[str | Path] = ()) -> Built:
     """Write the whole static site for the rows in `data` under `out`; returns what was written.
 
     `probe`: rows of protocol probes, shown only in the Status page's measurement-time tables (and
     offered as data/probes.parquet), never drawn: they re-measure cells under another protocol.
+    `fidelity_checks`: JSON files of benchmarks/timer_fidelity.py, tabled on the Status page.
     """
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
@@ -384,6 +401,8 @@ def build_report(data: Sequence[str | Path], out: str | Path, spec: str | Path |
         probe_table = pa.concat_tables([t for t, _ in read])
         probe_rows = pl.concat([r.with_columns(spec=pl.col("spec") + f" (probe {p.stem})")
                                 for p, (_, r) in zip(probe, read)], how="diagonal_relaxed")
+    check_files = [Path(p) for p in fidelity_checks]
+    checks = fidelity.load_checks(check_files, {p: shown_path(p) for p in check_files}) if check_files else None
     spec_names = rows.get_column("spec").drop_nulls().unique().sort().to_list()
     spec_name = spec_path.stem if spec_path else (", ".join(spec_names) or "results")
     stale = _stale_cells(rows, spec_path) if spec_path is not None else None
@@ -418,9 +437,9 @@ def build_report(data: Sequence[str | Path], out: str | Path, spec: str | Path |
         p_gallery.gallery(images)
     else:
         p_gallery.p(message, "note")
-    site = [overview, *family, p_gallery, _status_page(rows, c, probe_rows, superseded, stale),
+    site = [overview, *family, p_gallery, _status_page(rows, c, probe_rows, superseded, stale, checks),
             _peers_page(peer, Path(peers_path) if peers_path else None),
-            _provenance_page(rows, data, spec_path, spec_name, libs, all_charts, out, title, probe)]
+            _provenance_page(rows, data, spec_path, spec_name, libs, all_charts, out, title, probe, check_files)]
     if mask_pages:
         masks_index = Page("masks.html", "Masks", "Per-mask throughput and memory")
         masks_index.links([(p.file, p.nav) for p in mask_pages])
