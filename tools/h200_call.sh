@@ -58,6 +58,8 @@
 #     cooldown_probe    the probe spec's dense_sustained sweep (12 cuDNN cells under the dense
 #                       sweep's protocol), then dense_cooldown (the same with 2 s idle before each
 #                       row), one scratch folder, returned as OUTDIR/cooldown-probe.parquet (no FA4 needed)
+#     burst_probe       dense_sustained again, then dense_burst (the same 12 cells as 20-call bursts after
+#                       2 s idle: boost-clock figures), returned as OUTDIR/burst-probe.parquet (no FA4 needed)
 #     flex_retained     whether compiled Flex runs several backwards on one retained graph
 #                       (benchmarks/flex_retained_graph.py, GPU 0), log flex-retained.log
 set -u
@@ -264,6 +266,9 @@ case "$1" in
     done ;;
   efficiency_sweep)
     scratch_run efficiency-sweep specs/h200-efficiency-probe.yaml --sweep dense_range ;;
+  burst_probe)  # sustained first (as a sweep runs), then short bursts after 2 s idle, one scratch folder
+    scratch_run burst-probe specs/h200-efficiency-probe.yaml --sweep dense_sustained
+    KEEP=1 scratch_run burst-probe specs/h200-efficiency-probe.yaml --sweep dense_burst ;;
   cooldown_probe)  # sustained first (it leaves the GPU warm, as a sweep does), then with the cool-down
     scratch_run cooldown-probe specs/h200-efficiency-probe.yaml --sweep dense_sustained
     KEEP=1 scratch_run cooldown-probe specs/h200-efficiency-probe.yaml --sweep dense_cooldown ;;
