@@ -77,11 +77,8 @@ def main(out: str, rounds: int = 1, protocol: dict | None = None,
     dev = torch.device("cuda")
     timer = CudaTimer(dev, l2_flush=bool(rep.get("l2_flush", True)))
     rows = []
-    for kname in kernels:
-        try:
-            kernel = get(kname)
-        except KeyError:
-            continue
+    for kname in kernels:  # registered names (fidelity_kernels checks --kernels)
+        kernel = get(kname)
         for mask_name in ("full", "causal"):
             for hq, hkv in ((64, 8), (32, 32)):
                 s = 32768

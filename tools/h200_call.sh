@@ -14,8 +14,8 @@
 #                       sweep-efficiency protocol (issue 4) every dense cell has a new digest; calls
 #                       continue it until complete. Each process's wall is logged as `process wall`
 #                       (tools/sweep_efficiency.py sums them against the rows' timed samples)
-#     shapes            the shapes sweep (head dims 64 and 256 in bf16, 128 in fp16, at 16K; FA4
-#                       needed), one `longca run` per GPU
+#     shapes            the shapes sweep (head dims 64 and 256 in bf16, 128 in fp16, at 16K), one
+#                       `longca run` per GPU (without .bundles, as for dense)
 #     sparse            the sparse sweep on all GPUs, Triton first, then Flex, then VSA's Triton
 #                       kernel (carry the vsa wheel and pytest's wheels in .whl-sparse/ for it), then
 #                       FlashInfer and block-sparse FA2 (unsupported rows where not installed)
@@ -193,11 +193,19 @@ scratch_run() {  # NAME SPEC [RUN_ARGS...]
     --out "$out/$name.parquet" >> "$logs/$name.log" 2>&1
 }
 
-all_but_fa4() {  # `--only kernel=K` for every kernel of sweep $2 in spec $1 but FA4
-  python3 -c 'import sys
+fa4_sweep() {  # sweep $1 of specs/h200.yaml, one `longca run` per GPU; without the FA4 bundle (55 MB
+  # of the call's 64 MiB) every other kernel's missing cells run and FA4's stay missing, never
+  # recorded `unsupported: not installed`
+  local only=""
+  if [ ! -f .bundles/fa4.tar.xz ]; then
+    only=$(python3 -c 'import sys
 from longca.spec.load import load_spec
-sw = next(w for w in load_spec(sys.argv[1]).sweeps if w.name == sys.argv[2])
-print(" ".join(f"--only kernel={k}" for k in sw.kernels if k != "fa4"))' "$1" "$2"
+sw = next(w for w in load_spec("specs/h200.yaml").sweeps if w.name == sys.argv[1])
+print(" ".join(f"--only kernel={k}" for k in sw.kernels if k != "fa4"))' "$1")
+    echo "stage $1: no .bundles (FA4), so FA4's cells are left missing: $only" | tee -a "$logs/$1-0.log"
+  fi
+  sharded "$1" "--spec specs/h200.yaml --sweep $1 $only ${RETRY:-}"
+  cleanup
 }
 
 run_stage() {
@@ -207,20 +215,8 @@ case "$1" in
       "--spec specs/h200.yaml --sweep long --only kernel=flex" "--spec specs/h200.yaml --sweep long" \
       "--spec specs/h200.yaml --sweep dense_baselines"
     cleanup ;;
-  dense)  # the dense sweep alone, as a user runs it: one `longca run` per GPU
-    # without the bundle (FA4 needs 55 MB of the call's 64 MiB) every other kernel's cells run and
-    # FA4's stay missing, never recorded `unsupported: not installed`
-    if [ -f .bundles/fa4.tar.xz ]; then sharded dense "--spec specs/h200.yaml --sweep dense ${RETRY:-}"
-    else
-      only=$(all_but_fa4 specs/h200.yaml dense)
-      echo "stage dense: no .bundles (FA4), so FA4's cells are left missing: $only" | tee -a "$logs/dense-0.log"
-      sharded dense "--spec specs/h200.yaml --sweep dense $only ${RETRY:-}"
-    fi
-    cleanup ;;
-  shapes)  # head dim and dtype beside the dense sweep's D=128 bf16 cells (FA4 needed, as for dense)
-    [ -f .bundles/fa4.tar.xz ] || { echo "stage shapes: carry .bundles (FA4); nothing run" | tee -a "$logs/shapes-0.log"; return; }
-    sharded shapes "--spec specs/h200.yaml --sweep shapes ${RETRY:-}"
-    cleanup ;;
+  dense|shapes)  # the sweep alone, as a user runs it (shapes: head dim and dtype beside dense's D=128 bf16)
+    fa4_sweep "$1" ;;
   sparse)
     sharded sparse "--spec specs/h200.yaml --sweep sparse --only kernel=triton_block_sparse" \
       "--spec specs/h200.yaml --sweep sparse --only kernel=flex" \

@@ -31,8 +31,7 @@ def _plan(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     cells, jobs = plan_jobs(spec, args.results)
     check_selection(spec.name, cells, args.sweep, args.only)
-    keep = selector(args.only)
-    chosen = [c for c in cells if (not args.sweep or c.sweep in args.sweep) and keep(c)]
+    chosen = list(filter(selector(args.only, args.sweep), cells))
     if args.json:
         for c in chosen:
             print(json.dumps({"id": c.id, "output": c.output(args.results),

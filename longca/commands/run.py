@@ -40,12 +40,10 @@ def _run(args: argparse.Namespace) -> int:
             assert 0 <= i < n
         except (ValueError, AssertionError):
             raise ValueError(f"--shard {args.shard!r}: expected I/N with 0 <= I < N, e.g. 0/2") from None
-    if args.sweep:
-        jobs = [j for j in jobs if j.cells[0].sweep in args.sweep]
     # Planned-unsupported chunks first: they touch no device and take no time, so a run stopped by a
     # time limit has recorded every cell the capabilities rule out (Snakemake runs them as separate jobs).
     jobs = sorted(jobs, key=lambda j: j.kind != "planned")
-    keep = selector(args.only)
+    keep = selector(args.only, args.sweep)
     for job in jobs:
         pairs = [(c, o) for c, o in zip(job.cells, job.outputs) if keep(c)]
         if args.shard:

@@ -56,7 +56,9 @@ def _value_of(cell, key: str) -> str:
     return str(getattr(cell, attr))
 
 
-def selector(only: list[str]) -> Callable[[object], bool]:
-    """A predicate: does a cell have one of the wanted values for every --only key?"""
-    wanted = _wanted(only)
-    return lambda cell: all(_value_of(cell, k) in vals for k, vals in wanted.items())
+def selector(only: list[str], sweeps: Iterable[str] | None = None) -> Callable[[object], bool]:
+    """A predicate: is a cell in one of `sweeps` (any, when none are given) with one of the wanted
+    values for every --only key?"""
+    wanted, chosen = _wanted(only), set(sweeps or ())
+    return lambda cell: ((not chosen or cell.sweep in chosen)
+                         and all(_value_of(cell, k) in vals for k, vals in wanted.items()))
