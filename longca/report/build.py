@@ -75,6 +75,23 @@ def _support_table(matrix: pl.DataFrame) -> Table:
     return Table(columns=["kernel", *masks], rows=rows, cell_class=classes)
 
 
+def _fraction_summary(frac: pl.DataFrame) -> tuple[pl.DataFrame, list[str], list[str]]:
+    """One line per (mask, pass, shape, machine): min, median and max fraction over lengths, the number
+    of lengths, and the best kernels with the number of lengths each won ("fa4 10, flex 1")."""
+    keys = ["mask", "pass", "shape", "machine"]
+    wins = (frac.group_by(*keys, "kernel").agg(n=pl.len())
+            .sort([*keys, "n", "kernel"], descending=[False] * len(keys) + [True, False])
+            .group_by(keys, maintain_order=True)
+            .agg(pl.concat_str([pl.col("kernel"), pl.col("n").cast(pl.String)], separator=" ")
+                 .str.join(", ").alias("best kernel (lengths won)")))
+    summary = (frac.group_by(keys).agg(
+        pl.col("fraction").min().alias("min fraction"), pl.col("fraction").median().alias("median fraction"),
+        pl.col("fraction").max().alias("max fraction"), pl.col("seqlen_q").n_unique().alias("lengths"))
+        .join(wins, on=keys, how="left").sort(keys))
+    numeric = ["min fraction", "median fraction", "max fraction", "lengths"]
+    return summary, summary.columns, numeric
+
+
 def _overview(c: pl.DataFrame, rows: pl.DataFrame, spec_name: str,
               stale: pl.DataFrame | None = None) -> tuple[Page, list[ChartSpec]]:
     page = Page("index.html", "Overview", f"Overview: {spec_name}")
@@ -98,10 +115,9 @@ def _overview(c: pl.DataFrame, rows: pl.DataFrame, spec_name: str,
     page.h2("Mask efficiency")
     page.chart(charts.fraction_chart(frac), "No mask has ok cells at lengths where the full mask also has them.")
     if frac.height:
-        summary = (frac.group_by("mask", "pass", "shape", "machine").agg(
-            pl.col("fraction").min().alias("min fraction"), pl.col("fraction").max().alias("max fraction"),
-            pl.col("seqlen_q").n_unique().alias("lengths")).sort("mask", "pass", "shape", "machine"))
-        page.table(_table(summary, summary.columns, numeric=["min fraction", "max fraction", "lengths"]))
+        page.p("Per mask, pass and shape: the spread of that fraction over lengths, and which kernel was the "
+               "best at how many of them (the kernel that loses least on that mask).")
+        page.table(_table(*_fraction_summary(frac)))
     return page, page.charts()
 
 

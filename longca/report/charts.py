@@ -218,8 +218,8 @@ def fraction_chart(frac: pl.DataFrame) -> ChartSpec | None:
                      chart=chart, values=values, data=df, machines=queries.machines(df),
                      query="best ok kernel per (mask, pass, length, shape) over the best on mask full",
                      caption="Per mask, the best kernel's TFLOP/s (exact mask-area FLOPs) as a fraction of the "
-                             "best full-mask TFLOP/s at the same pass, length and shape; lengths where fewer "
-                             "kernels ran than at the best-covered length are left out.")
+                             "best full-mask TFLOP/s at the same pass, length and shape; lengths where a kernel "
+                             "that wins elsewhere has not run are left out.")
 
 
 def support_chart(matrix: pl.DataFrame) -> ChartSpec | None:

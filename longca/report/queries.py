@@ -192,15 +192,19 @@ def best_kernel(c: pl.DataFrame) -> pl.DataFrame:
 def fraction_of_full(best: pl.DataFrame, cells: pl.DataFrame | None = None) -> pl.DataFrame:
     """Per mask: the best kernel's TFLOP/s (exact mask area) over the best full-mask TFLOP/s, same shape.
 
-    With `cells`, lengths where fewer kernels have ok cells than at the best-covered length of the
-    same pass, shape and machine are left out: a partly run sweep would otherwise pit one kernel
-    set against another (e.g. only cuDNN with a dense mask at a length where FA4 has not run yet).
+    With `cells`, a length is left out when a kernel that is the best somewhere in the same pass,
+    shape and machine has no ok cell there: a partly run sweep would otherwise pit one kernel set
+    against another (e.g. only cuDNN with a dense mask at a length where FA4 has not run yet).
+    Kernels that never win (baselines run only at short lengths) do not decide which lengths count.
     """
     keys = ["pass", "seqlen_q", "shape", "machine"]
     if cells is not None and best.height:
-        per_length = mask_cells(cells).group_by(keys).agg(kernels=pl.col("kernel").n_unique())
-        complete = per_length.filter(pl.col("kernels") == pl.col("kernels").max().over("pass", "shape", "machine"))
-        best = best.join(complete.select(keys), on=keys, how="semi")
+        group = ["pass", "shape", "machine"]
+        winners = best.select(*group, "kernel").unique()
+        present = mask_cells(cells).select(*keys, "kernel").unique()
+        expected = best.select(keys).unique().join(winners, on=group, how="inner")
+        lacking = expected.join(present, on=[*keys, "kernel"], how="anti").select(keys).unique()
+        best = best.join(lacking, on=keys, how="anti")
     full = best.filter(pl.col("mask") == "full").select(
         *keys, full_kernel=pl.col("kernel"), full_tflops=pl.col("tflops"))
     return (best.join(full, on=keys, how="inner")

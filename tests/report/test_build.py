@@ -216,3 +216,16 @@ def test_cells_the_given_spec_no_longer_has_are_named_on_the_status_page(tmp_pat
     overview = (tmp_path / "site2" / "index.html").read_text()
     assert "1 cells of sweep dense come from an earlier version of" in overview
     assert "earlier version" not in (tmp_path / "site" / "index.html").read_text()
+
+
+def test_fraction_summary_names_the_kernel_that_loses_least() -> None:
+    from longca.report.build import _fraction_summary
+
+    frac = pl.DataFrame({"mask": ["causal"] * 3, "pass": ["fwd"] * 3, "shape": ["GQA"] * 3,
+                         "machine": ["m"] * 3, "kernel": ["fa4", "flex", "fa4"],
+                         "seqlen_q": [1024, 2048, 4096], "fraction": [0.5, 0.7, 0.9]})
+    summary, cols, numeric = _fraction_summary(frac)
+    row = summary.row(0, named=True)
+    assert (row["min fraction"], row["median fraction"], row["max fraction"], row["lengths"]) == (0.5, 0.7, 0.9, 3)
+    assert row["best kernel (lengths won)"] == "fa4 2, flex 1"
+    assert set(numeric) <= set(cols)

@@ -78,6 +78,16 @@ def test_fraction_leaves_out_lengths_where_fewer_kernels_ran() -> None:
     assert set(kept.get_column("seqlen_q")) == {1024}
 
 
+def test_fraction_keeps_lengths_where_only_losing_kernels_are_missing() -> None:
+    # Kernel c (a slow baseline) ran only at 1024 and never wins: 2048 still counts.
+    c = _cells([_row("a", "full", tflops=200.0), _row("a", "causal", tflops=120.0),
+                _row("c", "full", tflops=20.0), _row("c", "causal", tflops=10.0),
+                _row("a", "full", s=2048, tflops=210.0), _row("a", "causal", s=2048, tflops=105.0)])
+    kept = queries.fraction_of_full(queries.best_kernel(c), c)
+    assert {(r["mask"], r["seqlen_q"]): r["fraction"] for r in kept.iter_rows(named=True)} == {
+        ("causal", 1024): 0.6, ("causal", 2048): 0.5, ("full", 1024): 1.0, ("full", 2048): 1.0}
+
+
 def test_support_matrix_categories() -> None:
     rows = [_row("a", "full"), _row("a", "full", s=2048, status="oom"),
             _row("a", "causal", status="unsupported"), _row("b", "full"), _row("b", "causal", status="error"),
