@@ -60,6 +60,12 @@
 #                       row), one scratch folder, returned as OUTDIR/cooldown-probe.parquet (no FA4 needed)
 #     burst_probe       dense_sustained again, then dense_burst (the same 12 cells as 20-call bursts after
 #                       2 s idle: boost-clock figures), returned as OUTDIR/burst-probe.parquet (no FA4 needed)
+#     workflow          Snakemake itself on this host (carry snakemake's wheels in .whl-snakemake/):
+#                       specs/h200-workflow.yaml with `snakemake --cores 16` (four GPU chunk jobs
+#                       started at once, each waiting for the GPU lease), then a dry run that must
+#                       find nothing to do, then one deleted cell file run again alone; the report
+#                       step is left to the CPU side (no altair here). Returned as
+#                       OUTDIR/workflow-results.tar.gz (cells, job logs, aggregate); logs workflow*.log
 #     flex_retained     whether compiled Flex runs several backwards on one retained graph
 #                       (benchmarks/flex_retained_graph.py, GPU 0), log flex-retained.log
 set -u
@@ -81,8 +87,9 @@ mkdir -p "$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR" "$TRITON_CACHE_DIR"
 # (neither needs the other): the set-up before the first cell is device time too.
 (
   # .whl: what every stage needs (jsonschema and its dependencies); .whl-sparse: VSA and the pytest
-  # wheels its Triton file imports, for the `sparse` stage only (kept apart: FA4 leaves little room)
-  wheels=$(ls .whl/*.whl .whl-sparse/*.whl 2>/dev/null)
+  # wheels its Triton file imports, for the `sparse` stage only (kept apart: FA4 leaves little room);
+  # .whl-snakemake: Snakemake and what the image lacks of its dependencies, for `workflow` (25 MB)
+  wheels=$(ls .whl/*.whl .whl-sparse/*.whl .whl-snakemake/*.whl 2>/dev/null)
   if [ -n "$wheels" ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $wheels > "$logs/pip.log" 2>&1
   fi
@@ -262,6 +269,22 @@ case "$1" in
     done ;;
   efficiency_sweep)
     scratch_run efficiency-sweep specs/h200-efficiency-probe.yaml --sweep dense_range ;;
+  workflow)  # Snakemake as a user runs it on one GPU host; results/h200-workflow is this call's own
+    mkdir -p /tmp/wf-bin
+    printf '#!/bin/sh\nexec python3 -m longca.cli "$@"\n' > /tmp/wf-bin/longca; chmod +x /tmp/wf-bin/longca
+    local wf=(--config spec=specs/h200-workflow.yaml --omit-from report)
+    rm -rf results/h200-workflow .snakemake
+    PATH=/tmp/wf-bin:$PATH timeout -k 10 -s TERM "$(capped 420)" python3 -m snakemake --cores 16 "${wf[@]}" \
+      > "$logs/workflow.log" 2>&1
+    echo "snakemake exit $?" >> "$logs/workflow.log"
+    PATH=/tmp/wf-bin:$PATH python3 -m snakemake --cores 16 -n "${wf[@]}" > "$logs/workflow-dry.log" 2>&1
+    local one; one=$(find results/h200-workflow/cells -name 'cell-*.parquet' | sort | head -n 1)
+    echo "deleted: ${one#results/h200-workflow/cells/}" > "$logs/workflow-rerun.log"
+    rm -f "$one"
+    PATH=/tmp/wf-bin:$PATH timeout -k 10 -s TERM "$(capped 120)" python3 -m snakemake --cores 16 "${wf[@]}" \
+      >> "$logs/workflow-rerun.log" 2>&1
+    echo "snakemake exit $?" >> "$logs/workflow-rerun.log"
+    tar czf "$out/workflow-results.tar.gz" results/h200-workflow ;;
   burst_probe)  # sustained first (as a sweep runs), then short bursts after 2 s idle, one scratch folder
     scratch_run burst-probe specs/h200-efficiency-probe.yaml --sweep dense_sustained
     KEEP=1 scratch_run burst-probe specs/h200-efficiency-probe.yaml --sweep dense_burst ;;

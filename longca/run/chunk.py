@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Callable
 
 from longca.run.cell import planned_unsupported, status_row
+from longca.run.gpu_lease import gpu_count, lease_gpus
 from longca.spec.cells import Cell, expand
 from longca.spec.load import load_spec
 from longca.store.write import write_rows
@@ -400,6 +401,19 @@ def run_chunk(spec_path: str, outputs: list[str], results_dir: str = "results", 
         write_rows(out, [status_row(cell, "unsupported", planned_unsupported(cell))])
     device = [(c, o) for c, o in wanted if c.cp_mechanism is None and (c, o) not in planned]
     cp = [(c, o) for c, o in wanted if c.cp_mechanism is not None]
+    gpus = gpu_count() if spec.device == "cuda" and cp else 0
+    for cell, out in [(c, o) for c, o in cp if gpus and c.world_size > gpus]:
+        write_rows(out, [status_row(cell, "unsupported",
+                                    f"needs {cell.world_size} GPUs (world_size); this host has {gpus}")])
+    cp = [(c, o) for c, o in cp if not (gpus and c.world_size > gpus)]
+    # One chunk per GPU where no scheduler assigns them (Snakemake's local executor): see gpu_lease.
+    needed = max([1 if device else 0] + [c.world_size for c, _ in cp]) if spec.device == "cuda" else 0
+    with lease_gpus(needed, log=_log):
+        return _run_cells(outputs, wanted, device, cp, results_dir, launcher)
+
+
+def _run_cells(outputs: list[str], wanted: list[tuple[Cell, str]], device: list[tuple[Cell, str]],
+               cp: list[tuple[Cell, str]], results_dir: str, launcher: str) -> int:
     t0 = time.perf_counter()
     stats = {"kernel_s": 0.0}
     with tempfile.TemporaryDirectory(prefix="longca-chunk-") as tmp:

@@ -98,3 +98,23 @@ def test_stopped_chunk_streams_the_group_log_and_leaves_no_rank(tmp_path, plugin
     assert f"[cp] {cells['naive-64'].digest}: ok" in err  # the group's log, though the group never ended
     assert "faulty_kernels.py" in err  # and where its ranks were when stopped
     assert not [p for p in _pids(pid_dir) if _alive(p)]
+
+
+def test_cp_cells_wider_than_the_host_are_unsupported_rows(tmp_path, monkeypatch):
+    # A 4-GPU CP cell on a 2-GPU host: a row saying why, no group started, no GPU leased.
+    import longca.run.chunk as chunk
+
+    path = tmp_path / "wide.yaml"
+    path.write_text(SPEC.split("sweeps:")[0].replace("device: cpu", "device: cuda") + "sweeps:\n"
+                    "  - {name: wide, kernels: [naive], seqlens: [64], cp: {mechanisms: [ring_p2p], world_sizes: [4]}}\n")
+    (cell,) = expand(load_spec(path))
+    monkeypatch.setattr(chunk, "gpu_count", lambda: 2)
+    monkeypatch.setattr(chunk, "run_cp_cells", lambda *a, **k: (_ for _ in ()).throw(AssertionError("started")))
+    asked: list[int] = []
+    real_lease = chunk.lease_gpus
+    monkeypatch.setattr(chunk, "lease_gpus", lambda n, **k: (asked.append(n), real_lease(n, **k))[1])
+    out = cell.output(tmp_path / "results")
+    assert run_chunk(str(path), [out], str(tmp_path / "results")) == 0
+    assert asked == [0]
+    row = pq.read_table(out).to_pylist()[0]
+    assert (row["status"], row["reason"]) == ("unsupported", "needs 4 GPUs (world_size); this host has 2")
