@@ -70,6 +70,7 @@
 #                       (benchmarks/flex_retained_graph.py, GPU 0), log flex-retained.log
 set -u
 out=${1:?outdir}; stage=${2:?stage}; limit=${3:-480}
+mkdir -p "$out"
 start=$SECONDS
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 logs=/tmp/longca-logs; rm -rf "$logs"; mkdir -p "$logs"  # a warm machine still holds the last call's logs
