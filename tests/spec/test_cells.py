@@ -195,9 +195,10 @@ def test_h200_shape_study_adds_head_dims_and_fp16_under_the_dense_protocol():
     shapes = [c for c in cells if c.sweep == "shapes"]
     assert {c.repeat for c in shapes} == dense_repeat
     assert {(c.head_dim, c.dtype) for c in shapes} == {(64, "bfloat16"), (256, "bfloat16"), (128, "float16")}
-    assert {c.seqlen for c in shapes} == {16384} and {(c.heads_q, c.heads_kv) for c in shapes} == {(64, 8)}
-    # the D=128 bf16 comparison point is the dense sweep's own cell
-    assert {c.head_dim for c in cells if c.sweep == "dense" and c.seqlen == 16384} == {128}
+    assert {c.seqlen for c in shapes} == {4096, 16384} and {(c.heads_q, c.heads_kv) for c in shapes} == {(64, 8)}
+    # the D=128 bf16 comparison point is the dense sweep's own cell, at both lengths
+    for length in (4096, 16384):
+        assert {c.head_dim for c in cells if c.sweep == "dense" and c.seqlen == length} == {128}
 
 
 def test_warmup_budget_is_part_of_the_digest_only_where_set():
