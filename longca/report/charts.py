@@ -102,8 +102,10 @@ def _length_x(data: pl.DataFrame, field_name: str = "seqlen_q", title: str = "se
 
 
 def _layered_facet(layers: Sequence[tuple[str, pl.DataFrame, Callable[[alt.Chart], alt.Chart]]],
-                   row: str | None, column: str | None) -> tuple[alt.TopLevelMixin, list[dict[str, Any]]]:
-    """Facet several layers that carry different rows: one dataset tagged by `_layer`, one filter per layer."""
+                   row: str | None, column: str | None,
+                   row_order: list[str] | None = None) -> tuple[alt.TopLevelMixin, list[dict[str, Any]]]:
+    """Facet several layers that carry different rows: one dataset tagged by `_layer`, one filter per layer.
+    row_order: the rows' order where sorting their labels as text would not do (4K before 16K)."""
     values: list[dict[str, Any]] = []
     for name, df, _ in layers:
         values += [{**r, "_layer": name} for r in records(df)]
@@ -112,7 +114,8 @@ def _layered_facet(layers: Sequence[tuple[str, pl.DataFrame, Callable[[alt.Chart
     layered = alt.layer(*charts, data=alt.NamedData(name=DATASET)).properties(width=W, height=H)
     facet: dict[str, Any] = {}
     if row:
-        facet["row"] = alt.Row(f"{row}:N", title=None, header=alt.Header(labelAngle=0, labelAlign="left"))
+        facet["row"] = alt.Row(f"{row}:N", title=None, header=alt.Header(labelAngle=0, labelAlign="left"),
+                               sort=row_order or "ascending")
     if column:
         order = ["fwd", "bwd", "fwd_bwd"] if column == "pass" else "ascending"  # forward first, as papers do
         facet["column"] = alt.Column(f"{column}:N", title=None, sort=order)
@@ -367,11 +370,13 @@ def shape_chart(study: pl.DataFrame) -> ChartSpec | None:
     if study.get_column("machine").n_unique() > 1:
         parts += [pl.lit(" on "), pl.col("machine")]
     df = study.with_columns(group=pl.concat_str(parts), series=pl.col("kernel")).sort("group", "series", "head_dim")
+    order = (df.sort("mask", "mask_variant", "attn", "heads_q", "heads_kv", "seqlen_q", "machine", nulls_last=True)
+             .get_column("group").unique(maintain_order=True).to_list())
     x = alt.X("head_dim:O", title="head dim", sort="ascending", axis=alt.Axis(labelAngle=0))
     y = alt.Y("tflops:Q", title="TFLOP/s (exact mask area)")
     chart, values = _layered_facet([("measured", df, _lines(x, y, dash="dtype", dash_shapes=True))], row="group",
-                                    column="pass")
-    return ChartSpec(id="shapes-head-dim", title="Head dim and dtype: throughput at one length",
+                                    column="pass", row_order=order)
+    return ChartSpec(id="shapes-head-dim", title="Head dim and dtype: throughput by head dim, one panel per length",
                      chart=chart.properties(title="TFLOP/s (exact mask area) by head dim"), values=values, data=df,
                      machines=queries.machines(df),
                      query="status ok, world_size 1, softmax; cells of one kernel, mask, pass, length and heads "

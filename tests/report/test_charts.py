@@ -144,3 +144,15 @@ def test_the_head_dim_chart_marks_dtype_by_point_shape_with_one_legend(cells: pl
     assert enc and all(e["shape"]["field"] == "dtype" and e["strokeDash"]["legend"] is None for e in enc)
     cp = charts.cp_chart(queries.cp_cells(cells), peers.for_cp(peers.load()), "length").spec()
     assert not any("shape" in e for e in _encodings(cp))  # other dashed charts keep their dash legend
+
+
+def test_the_head_dim_chart_orders_lengths_by_number(cells: pl.DataFrame) -> None:
+    study = queries.shape_study(cells)
+    s = study.get_column("seqlen_q").max()
+    both = pl.concat([study, study.with_columns(pl.col("seqlen_q") * 4)])  # e.g. 4K and 16K: "16K" < "4K" as text
+    order = charts.shape_chart(both).spec()["facet"]["row"]["sort"]
+    short = f"S={s // 1024}K" if s >= 1024 else f"S={s}"
+    long = f"S={4 * s // 1024}K"
+    for mask in study.get_column("mask").unique():
+        rows = [g for g in order if g.startswith(f"{mask} ")]
+        assert [g.rsplit(" · ", 1)[1] for g in rows][:2] == [short, long], rows
