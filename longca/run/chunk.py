@@ -404,9 +404,9 @@ def run_chunk(spec_path: str, outputs: list[str], results_dir: str = "results", 
     gpus = gpu_count() if spec.device == "cuda" and cp else 0
     for cell, out in [(c, o) for c, o in cp if gpus and c.world_size > gpus]:
         write_rows(out, [status_row(cell, "unsupported",
-                                    f"needs {cell.world_size} GPUs (world_size); this host has {gpus}")])
+                                    f"needs {cell.world_size} GPUs (world_size); {gpus} visible")])
     cp = [(c, o) for c, o in cp if not (gpus and c.world_size > gpus)]
-    # One chunk per GPU where no scheduler assigns them (Snakemake's local executor): see gpu_lease.
+    # Never two chunks on one GPU (Snakemake's local executor starts many at once): see gpu_lease.
     needed = max([1 if device else 0] + [c.world_size for c, _ in cp]) if spec.device == "cuda" else 0
     with lease_gpus(needed, log=_log):
         return _run_cells(outputs, wanted, device, cp, results_dir, launcher)

@@ -1,18 +1,23 @@
-"""Exclusive GPUs for a chunk on a host where nothing else assigns them.
+"""Exclusive GPUs for a chunk, so that two chunks never time their cells on one GPU.
 
-Snakemake's local executor (`snakemake --cores 8` on one GPU host) starts as many chunk jobs as it
-has cores, and each would time its cells on GPU 0 beside the others. So a chunk that needs GPUs
-and finds no assignment (CUDA_VISIBLE_DEVICES unset) takes free ones by an exclusive `flock` on one
-file per GPU in a host-wide folder, waits while too few are free, and sets CUDA_VISIBLE_DEVICES for
-its workers and CP ranks. The kernel drops the locks when the process ends, however it ends, so a
-killed run leaves nothing to clean up. Where a scheduler or the user set CUDA_VISIBLE_DEVICES
-(SLURM does for each job) that assignment is respected and nothing is locked.
+Snakemake's local executor (`snakemake --cores 8` on a GPU host, or inside a SLURM allocation)
+starts as many chunk jobs as it has cores, and each would otherwise run on the first visible GPU
+beside the others. So a chunk that needs GPUs takes them among the visible ones
+(CUDA_VISIBLE_DEVICES, or all) by an exclusive `flock` on one file per GPU, all it needs or none,
+waits while too few are free, and narrows CUDA_VISIBLE_DEVICES to its own for its workers and CP
+ranks. The kernel drops the locks when the process ends, however it ends, so a killed run leaves
+nothing to clean up.
+
+Lock files name a GPU as CUDA_VISIBLE_DEVICES does (an index or a UUID), in a folder per host or,
+inside a SLURM job, per job: SLURM may number each job's GPUs from 0, so jobs sharing a node keep
+apart namespaces, while the chunks of one allocation share one.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import re
 import tempfile
 import time
 from contextlib import contextmanager
@@ -23,8 +28,11 @@ LOCK_DIR_ENV = "LONGCA_GPU_LOCK_DIR"
 
 
 def default_lock_dir() -> Path:
-    """One folder per host, shared by every user's runs (GPUs are shared by them too)."""
-    return Path(os.environ.get(LOCK_DIR_ENV) or Path(tempfile.gettempdir()) / "longca-gpu-locks")
+    """One folder per host, shared by every user's runs (GPUs are shared by them too); inside a
+    SLURM job, a subfolder per job."""
+    base = Path(os.environ.get(LOCK_DIR_ENV) or Path(tempfile.gettempdir()) / "longca-gpu-locks")
+    job = os.environ.get("SLURM_JOB_ID")
+    return base / f"slurm-{job}" if job else base
 
 
 def gpu_count() -> int:
@@ -34,8 +42,25 @@ def gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def _open_lock(folder: Path, index: int) -> int:
-    path = folder / f"gpu-{index}.lock"
+def visible_gpus() -> list[str]:
+    """The usable GPUs as CUDA_VISIBLE_DEVICES names them (indices or UUIDs), in order."""
+    count = gpu_count()
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    names = [d.strip() for d in listed.split(",") if d.strip()] if listed is not None else []
+    return names[:count] if listed is not None else [str(i) for i in range(count)]
+
+
+def _make_dir(folder: Path) -> None:
+    for d in (folder.parent, folder) if folder.parent.name == "longca-gpu-locks" else (folder,):
+        d.mkdir(parents=True, exist_ok=True)
+        try:
+            d.chmod(0o1777)  # sticky and world-writable, as /tmp: every user can add lock files
+        except PermissionError:
+            pass
+
+
+def _open_lock(folder: Path, name: str) -> int:
+    path = folder / f"gpu-{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}.lock"
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
         os.fchmod(fd, 0o666)  # another user's run must be able to lock it too; only the creator may chmod
@@ -44,17 +69,17 @@ def _open_lock(folder: Path, index: int) -> int:
     return fd
 
 
-def _try_take(folder: Path, count: int, n: int) -> list[tuple[int, int]]:
-    """Locks on n free GPUs as (index, fd), or none: never holds some while waiting for more."""
-    taken: list[tuple[int, int]] = []
-    for i in range(count):
-        fd = _open_lock(folder, i)
+def _try_take(folder: Path, gpus: list[str], n: int) -> list[tuple[str, int]]:
+    """Locks on n free GPUs as (name, fd), or none: never holds some while waiting for more."""
+    taken: list[tuple[str, int]] = []
+    for name in gpus:
+        fd = _open_lock(folder, name)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             continue
-        taken.append((i, fd))
+        taken.append((name, fd))
         if len(taken) == n:
             return taken
     for _, fd in taken:
@@ -63,41 +88,39 @@ def _try_take(folder: Path, count: int, n: int) -> list[tuple[int, int]]:
 
 
 @contextmanager
-def lease_gpus(n: int, *, lock_dir: Path | None = None, count: int | None = None, poll_s: float = 1.0,
-               log: Callable[[str], None] | None = None) -> Iterator[list[int] | None]:
-    """Hold n GPUs of this host exclusively for the block; yields their indices, or None where nothing
-    is leased (n == 0, CUDA_VISIBLE_DEVICES already set, or no GPU: the cells then record why).
+def lease_gpus(n: int, *, lock_dir: Path | None = None, gpus: list[str] | None = None, poll_s: float = 1.0,
+               log: Callable[[str], None] | None = None) -> Iterator[list[str] | None]:
+    """Hold n of the visible GPUs exclusively for the block, with CUDA_VISIBLE_DEVICES narrowed to
+    them; yields their names, or None where nothing is leased (n == 0, or no GPU: the cells then
+    record why). `gpus` overrides the visible GPUs (tests).
 
-    Raises ValueError before waiting when the host has fewer than n GPUs.
+    Raises ValueError before waiting when fewer than n GPUs are visible.
     """
-    if n <= 0 or "CUDA_VISIBLE_DEVICES" in os.environ:
+    gpus = visible_gpus() if gpus is None and n > 0 else (gpus or [])
+    if n <= 0 or not gpus:
         yield None
         return
-    count = gpu_count() if count is None else count
-    if count == 0:
-        yield None
-        return
-    if n > count:
-        raise ValueError(f"this job needs {n} GPUs (world_size) but this host has {count}")
+    if n > len(gpus):
+        raise ValueError(f"this job needs {n} GPUs (world_size) but this process sees {len(gpus)}")
     folder = lock_dir or default_lock_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    try:
-        folder.chmod(0o1777)  # sticky and world-writable, as /tmp: every user can add lock files
-    except PermissionError:
-        pass
+    _make_dir(folder)
     waited = False
-    while not (taken := _try_take(folder, count, n)):
+    while not (taken := _try_take(folder, gpus, n)):
         if not waited and log:
-            log(f"waiting for {n} free GPU(s) of {count} (another longca chunk holds them; locks in {folder})")
+            log(f"waiting for {n} free GPU(s) of {len(gpus)} (another longca chunk holds them; locks in {folder})")
         waited = True
         time.sleep(poll_s)
-    ids = [i for i, _ in taken]
-    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, ids))
+    previous = os.environ.get("CUDA_VISIBLE_DEVICES")
+    names = [name for name, _ in taken]
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(names)
     if log:
         log(f"leased GPU(s) {os.environ['CUDA_VISIBLE_DEVICES']}")
     try:
-        yield ids
+        yield names
     finally:
-        os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        if previous is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = previous
         for _, fd in taken:
             os.close(fd)

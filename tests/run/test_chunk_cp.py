@@ -101,7 +101,7 @@ def test_stopped_chunk_streams_the_group_log_and_leaves_no_rank(tmp_path, plugin
 
 
 def test_cp_cells_wider_than_the_host_are_unsupported_rows(tmp_path, monkeypatch):
-    # A 4-GPU CP cell on a 2-GPU host: a row saying why, no group started, no GPU leased.
+    # A 4-GPU CP cell where 2 GPUs are visible: a row saying why, no group started, no GPU leased.
     import longca.run.chunk as chunk
 
     path = tmp_path / "wide.yaml"
@@ -117,4 +117,4 @@ def test_cp_cells_wider_than_the_host_are_unsupported_rows(tmp_path, monkeypatch
     assert run_chunk(str(path), [out], str(tmp_path / "results")) == 0
     assert asked == [0]
     row = pq.read_table(out).to_pylist()[0]
-    assert (row["status"], row["reason"]) == ("unsupported", "needs 4 GPUs (world_size); this host has 2")
+    assert (row["status"], row["reason"]) == ("unsupported", "needs 4 GPUs (world_size); 2 visible")

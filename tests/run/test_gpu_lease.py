@@ -18,11 +18,11 @@ def _no_assignment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_concurrent_chunks_get_different_gpus_and_set_the_variable(tmp_path: Path) -> None:
-    with lease_gpus(1, lock_dir=tmp_path, count=2) as first:
+    with lease_gpus(1, lock_dir=tmp_path, gpus=["0", "1"]) as first:
         assert os.environ["CUDA_VISIBLE_DEVICES"] == str(first[0])
         os.environ.pop("CUDA_VISIBLE_DEVICES")  # as a second process would see it
-        with lease_gpus(1, lock_dir=tmp_path, count=2) as second:
-            assert first != second and sorted(first + second) == [0, 1]
+        with lease_gpus(1, lock_dir=tmp_path, gpus=["0", "1"]) as second:
+            assert first != second and sorted(first + second) == ["0", "1"]
     assert "CUDA_VISIBLE_DEVICES" not in os.environ
 
 
@@ -31,10 +31,10 @@ def test_a_chunk_waits_until_a_gpu_is_free(tmp_path: Path) -> None:
 
     def other() -> None:
         time.sleep(0.3)
-        with lease_gpus(1, lock_dir=tmp_path, count=1, poll_s=0.05):
+        with lease_gpus(1, lock_dir=tmp_path, gpus=["0"], poll_s=0.05):
             order.append("second got it")
 
-    with lease_gpus(1, lock_dir=tmp_path, count=1):
+    with lease_gpus(1, lock_dir=tmp_path, gpus=["0"]):
         os.environ.pop("CUDA_VISIBLE_DEVICES")
         t = threading.Thread(target=other)
         t.start()
@@ -45,28 +45,28 @@ def test_a_chunk_waits_until_a_gpu_is_free(tmp_path: Path) -> None:
 
 
 def test_a_cp_chunk_takes_all_it_needs_or_none(tmp_path: Path) -> None:
-    with lease_gpus(1, lock_dir=tmp_path, count=2):
+    with lease_gpus(1, lock_dir=tmp_path, gpus=["0", "1"]):
         os.environ.pop("CUDA_VISIBLE_DEVICES")
         got: list[list[int]] = []
         t = threading.Thread(target=lambda: got.append(_lease(tmp_path, 2, 2)))
         t.start()
         time.sleep(0.4)
         assert got == []  # one of two free: it waits, holding neither
-        with lease_gpus(1, lock_dir=tmp_path, count=2) as single:
+        with lease_gpus(1, lock_dir=tmp_path, gpus=["0", "1"]) as single:
             assert single is not None  # the free one was not held by the waiting CP chunk
         os.environ.pop("CUDA_VISIBLE_DEVICES", None)
     t.join(5)
-    assert got == [[0, 1]]
+    assert got == [["0", "1"]]
 
 
-def _lease(folder: Path, n: int, count: int) -> list[int]:
-    with lease_gpus(n, lock_dir=folder, count=count, poll_s=0.05) as ids:
+def _lease(folder: Path, n: int, count: int) -> list[str]:
+    with lease_gpus(n, lock_dir=folder, gpus=[str(i) for i in range(count)], poll_s=0.05) as ids:
         return list(ids or [])
 
 
 def test_a_killed_holder_frees_its_gpu(tmp_path: Path) -> None:
     code = ("import os, time; from pathlib import Path; from longca.run.gpu_lease import lease_gpus\n"
-            f"with lease_gpus(1, lock_dir=Path({str(tmp_path)!r}), count=1):\n"
+            f"with lease_gpus(1, lock_dir=Path({str(tmp_path)!r}), gpus=['0']):\n"
             "    print('held', flush=True); time.sleep(60)\n")
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
@@ -79,23 +79,53 @@ def test_a_killed_holder_frees_its_gpu(tmp_path: Path) -> None:
     proc.kill()
     proc.wait()
     t.join(5)
-    assert got == [[0]]
+    assert got == [["0"]]
 
 
-def test_an_existing_assignment_is_respected(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
-    with lease_gpus(1, lock_dir=tmp_path, count=8) as ids:
-        assert ids is None and os.environ["CUDA_VISIBLE_DEVICES"] == "3"
-    assert list(tmp_path.iterdir()) == []
+def test_a_narrowed_assignment_is_shared_out_and_restored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # CUDA_VISIBLE_DEVICES=3,5 (a user's choice, or a SLURM allocation running Snakemake locally):
+    # chunks lease among those two, each narrowed to its own, and the variable comes back after.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    with lease_gpus(1, lock_dir=tmp_path, gpus=["3", "5"]) as first:
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == first[0]
+        os.environ["CUDA_VISIBLE_DEVICES"] = "3,5"  # as a second process would see it
+        with lease_gpus(1, lock_dir=tmp_path, gpus=["3", "5"]) as second:
+            assert sorted(first + second) == ["3", "5"]
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "3,5"
+
+
+def test_the_visible_gpus_come_from_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    from longca.run import gpu_lease
+
+    monkeypatch.setattr(gpu_lease, "gpu_count", lambda: 2)
+    assert gpu_lease.visible_gpus() == ["0", "1"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-aa, 7 ,")
+    assert gpu_lease.visible_gpus() == ["GPU-aa", "7"]
+
+
+def test_slurm_jobs_on_one_node_keep_apart_namespaces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # SLURM may number each job's GPUs from 0: two jobs' "0" are different GPUs.
+    from longca.run.gpu_lease import default_lock_dir
+
+    monkeypatch.setenv("LONGCA_GPU_LOCK_DIR", str(tmp_path))
+    monkeypatch.setenv("SLURM_JOB_ID", "11")
+    with lease_gpus(1, gpus=["0"]):
+        os.environ.pop("CUDA_VISIBLE_DEVICES")
+        monkeypatch.setenv("SLURM_JOB_ID", "12")
+        with lease_gpus(1, gpus=["0"], poll_s=0.05) as other_job:
+            assert other_job == ["0"]
+    assert default_lock_dir() == tmp_path / "slurm-12"
+    monkeypatch.delenv("SLURM_JOB_ID")
+    assert default_lock_dir() == tmp_path
 
 
 def test_no_gpu_needed_or_none_present_leases_nothing(tmp_path: Path) -> None:
-    for n, count in ((0, 2), (1, 0)):
-        with lease_gpus(n, lock_dir=tmp_path, count=count) as ids:
+    for n, gpus in ((0, ["0", "1"]), (1, [])):
+        with lease_gpus(n, lock_dir=tmp_path, gpus=gpus) as ids:
             assert ids is None and "CUDA_VISIBLE_DEVICES" not in os.environ
 
 
 def test_more_gpus_than_the_host_has_is_an_error(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="needs 4 GPUs .* has 2"):
-        with lease_gpus(4, lock_dir=tmp_path, count=2):
+    with pytest.raises(ValueError, match="needs 4 GPUs .* sees 2"):
+        with lease_gpus(4, lock_dir=tmp_path, gpus=["0", "1"]):
             pass
