@@ -402,10 +402,11 @@ def run_chunk(spec_path: str, outputs: list[str], results_dir: str = "results", 
     device = [(c, o) for c, o in wanted if c.cp_mechanism is None and (c, o) not in planned]
     cp = [(c, o) for c, o in wanted if c.cp_mechanism is not None]
     gpus = gpu_count() if spec.device == "cuda" and cp else 0
-    for cell, out in [(c, o) for c, o in cp if gpus and c.world_size > gpus]:
+    too_wide = [(c, o) for c, o in cp if gpus and c.world_size > gpus]
+    for cell, out in too_wide:
         write_rows(out, [status_row(cell, "unsupported",
                                     f"needs {cell.world_size} GPUs (world_size); {gpus} visible")])
-    cp = [(c, o) for c, o in cp if not (gpus and c.world_size > gpus)]
+    cp = [pair for pair in cp if pair not in too_wide]
     # Never two chunks on one GPU (Snakemake's local executor starts many at once): see gpu_lease.
     needed = max([1 if device else 0] + [c.world_size for c, _ in cp]) if spec.device == "cuda" else 0
     with lease_gpus(needed, log=_log):

@@ -46,16 +46,20 @@ def visible_gpus() -> list[str]:
     """The usable GPUs as CUDA_VISIBLE_DEVICES names them (indices or UUIDs), in order."""
     count = gpu_count()
     listed = os.environ.get("CUDA_VISIBLE_DEVICES")
-    names = [d.strip() for d in listed.split(",") if d.strip()] if listed is not None else []
-    return names[:count] if listed is not None else [str(i) for i in range(count)]
+    if listed is None:
+        return [str(i) for i in range(count)]
+    return [d.strip() for d in listed.split(",") if d.strip()][:count]
 
 
 def _make_dir(folder: Path) -> None:
-    for d in (folder.parent, folder) if folder.parent.name == "longca-gpu-locks" else (folder,):
-        d.mkdir(parents=True, exist_ok=True)
+    """The folder and any missing parents, those created here sticky and world-writable (as /tmp),
+    so that every user's runs can add lock files to them."""
+    created = [d for d in (folder, *folder.parents) if not d.exists()]
+    folder.mkdir(parents=True, exist_ok=True)
+    for d in created:
         try:
-            d.chmod(0o1777)  # sticky and world-writable, as /tmp: every user can add lock files
-        except PermissionError:
+            d.chmod(0o1777)
+        except PermissionError:  # another user's run made it first, and chmodded it
             pass
 
 

@@ -129,3 +129,12 @@ def test_more_gpus_than_the_host_has_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="needs 4 GPUs .* sees 2"):
         with lease_gpus(4, lock_dir=tmp_path, gpus=["0", "1"]):
             pass
+
+
+def test_lock_folders_it_creates_are_open_to_every_user(tmp_path: Path) -> None:
+    folder = tmp_path / "longca-gpu-locks" / "slurm-7"
+    with lease_gpus(1, lock_dir=folder, gpus=["0"]):
+        pass
+    for d in (folder, folder.parent):
+        assert d.stat().st_mode & 0o7777 == 0o1777
+    assert tmp_path.stat().st_mode & 0o7777 != 0o1777  # what existed before is left as it was
