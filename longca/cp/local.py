@@ -15,7 +15,8 @@ gradient is exactly its additive share (P = exp(S scale - lse) is the global sof
 to this step's keys; D = rowsum(dO * O) is global), as in ring-flash-attention.
 
 Kernels: naive (dense mask, explicit formulas, any device and dtype, small S), flex
-(BlockMask from longca.masks.flex; backward through autograd with the LSE identity), sdpa_flash and
+(BlockMask from longca.masks.flex; backward: Flex's own backward kernel on the combined out/LSE,
+longca.cp.flex_backward), sdpa_flash and
 sdpa_cudnn (CUDA; the sub-mask is cut into FULL and square CAUSAL rectangles, one call each),
 triton_block_sparse (block-sparse masks only: longca's Triton kernel over the step's block lists).
 
@@ -171,7 +172,8 @@ class Flex:
 
     name = "flex"
     caps = LocalCaps(frozenset({"cpu", "cuda"}), frozenset({"float64", "float32", "bfloat16", "float16"}),
-                     frozenset(int(k) for k in sl.Kind), "backward needs CUDA (FlexAttention has no CPU backward)")
+                     frozenset(int(k) for k in sl.Kind),
+                     "backward: Flex's backward kernel on the combined out/LSE (eager dense math off CUDA)")
 
     def __init__(self) -> None:
         self._fn = None
@@ -234,9 +236,14 @@ class Flex:
         return out.to(acc_dtype(q.dtype)), lse
 
     def bwd(self, dout, q, k, v, out, lse, sub):
-        if q.device.type != "cuda":
-            raise Unsupported("flex backward needs CUDA: FlexAttention has no CPU backward")
-        return bwd_by_autograd(lambda a, b, c: self._call(a, b, c, sub), dout, q, k, v, out, lse)
+        """Flex's backward kernel given the combined (out, lse): no forward runs again
+        (longca.cp.flex_backward). `bwd_by_autograd` over `_call` computes the same (tested)."""
+        from longca.cp.flex_backward import flex_backward
+
+        _check_heads(sub, k)
+        a = acc_dtype(q.dtype)
+        dq, dk, dv = flex_backward(dout, q, k, v, out, lse, sub.form, 1.0 / math.sqrt(q.shape[-1]))
+        return dq.to(a), dk.to(a), dv.to(a)
 
 
 # ----------------------------------------------------------------------------------------- sdpa

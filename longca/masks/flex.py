@@ -250,15 +250,24 @@ def mask_mod_from_slices(slices: np.ndarray, seqlen_q: int, seqlen_k: int, devic
     lo, hi = row_intervals(slices, seqlen_q, pad_to)
     los = [torch.as_tensor(x, device=device) for x in lo]
     his = [torch.as_tensor(x, device=device) for x in hi]
+    n = len(los)
 
+    def with_buffers(b, h, q_idx, kv_idx, *bufs):
+        allowed = (kv_idx >= bufs[0][q_idx]) & (kv_idx < bufs[n][q_idx])
+        for j in range(1, n):
+            allowed = allowed | ((kv_idx >= bufs[j][q_idx]) & (kv_idx < bufs[n + j][q_idx]))
+        return allowed
+
+    # The same test as with_buffers, on the captured tensors: the compiled forward (dynamo) shares
+    # one kernel across masks of one shape only while mask_mod reads tensors, not another function.
     def mask_mod(b, h, q_idx, kv_idx):
         allowed = (kv_idx >= los[0][q_idx]) & (kv_idx < his[0][q_idx])
         for lo_j, hi_j in zip(los[1:], his[1:]):
             allowed = allowed | ((kv_idx >= lo_j[q_idx]) & (kv_idx < hi_j[q_idx]))
         return allowed
 
-    mask_mod.layers = len(los)  # type: ignore[attr-defined]
-    return mask_mod
+    mask_mod.layers = n  # type: ignore[attr-defined]
+    return _explicit(mask_mod, with_buffers, (*los, *his))
 
 
 def mask_mod_from_layout(layout: BlockLayout, device: str | torch.device = "cpu", heads_q: int | None = None,
@@ -277,9 +286,21 @@ def mask_mod_from_layout(layout: BlockLayout, device: str | torch.device = "cpu"
     kept = torch.as_tensor(layout.kept, device=device)
     group = 1 if heads_q is None else _group(heads_q, layout.heads)
 
-    def mask_mod(b, h, q_idx, kv_idx):
+    def with_buffers(b, h, q_idx, kv_idx, kept_, qblk_, kblk_):
+        return kept_[h // group, qblk_[q_idx], kblk_[kv_idx]] & (kv_idx < sk)
+
+    def mask_mod(b, h, q_idx, kv_idx):  # as with_buffers (see mask_mod_from_slices)
         return kept[h // group, qblk[q_idx], kblk[kv_idx]] & (kv_idx < sk)
 
+    return _explicit(mask_mod, with_buffers, (kept, qblk, kblk))
+
+
+def _explicit(mask_mod: MaskMod, with_buffers: Callable, buffers: tuple[torch.Tensor, ...]) -> MaskMod:
+    """Attach the tensors a mask_mod reads, and the same function taking them as arguments
+    (`with_buffers(b, h, q_idx, kv_idx, *buffers)`): a graph traced outside dynamo (the CP Flex
+    backward, longca.cp.flex_backward) must receive them as inputs, not as captured constants."""
+    mask_mod.buffers = buffers  # type: ignore[attr-defined]
+    mask_mod.with_buffers = with_buffers  # type: ignore[attr-defined]
     return mask_mod
 
 
