@@ -55,11 +55,13 @@
 #                       every participant's K/V in memory, nothing sent): its local work against
 #                       single-GPU cuDNN, causal and full, 32K and 64K per GPU, GQA and MHA, each
 #                       rank checked first; log cp_local.log, rows cp_local.json
-#     cp_local_bwd      one rank's Ring P2P backward at a time on GPU 0 with Flex per rank (cp_rank_local.py
-#                       --pass bwd): each step's backward on the combined out/LSE (longca.cp.flex_backward)
-#                       and, beside it, through autograd (the forward run again, as before); the four
+#     cp_local_flex     one rank's Ring P2P work at a time on GPU 0 with Flex per rank (cp_rank_local.py),
+#                       for each pass in CP_FLEX_PASSES (default "fwd bwd"): the backward times each
+#                       step's backward on the combined out/LSE (longca.cp.flex_backward) and, beside
+#                       it, through autograd (the forward run again, as before call 54); the four
 #                       heterogeneous masks of call 19 and causal at 32K per GPU, GQA 64:8, against
-#                       single-GPU Flex's backward; log cp_local_bwd.log, rows cp_local_bwd.json
+#                       single-GPU Flex; logs cp_local_flex_PASS.log, rows cp_local_flex_PASS.json
+#                       (call 54 ran the backward alone, as the stage cp_local_bwd)
 #     cooldown_probe    the probe spec's dense_sustained sweep (12 cuDNN cells under the dense
 #                       sweep's protocol), then dense_cooldown (the same with 2 s idle before each
 #                       row), one scratch folder, returned as OUTDIR/cooldown-probe.parquet (no FA4 needed)
@@ -300,11 +302,15 @@ case "$1" in
   cp_local)
     CUDA_VISIBLE_DEVICES=0 timeout -k 10 -s TERM "$(capped 300)" python3 benchmarks/cp_rank_local.py "$logs/cp_local.json" \
       --masks causal full --tokens-per-gpu 32768 65536 --heads 64:8 64:64 > "$logs/cp_local.log" 2>&1 ;;
-  cp_local_bwd)
-    CUDA_VISIBLE_DEVICES=0 timeout -k 10 -s TERM "$(capped 420)" python3 benchmarks/cp_rank_local.py "$logs/cp_local_bwd.json" \
-      --pass bwd --also-autograd --kernel flex --single flex --heads 64:8 --tokens-per-gpu 32768 \
-      --masks ${CP_BWD_MASKS:-causal_document full_document share_question prefix_lm_causal causal} \
-      > "$logs/cp_local_bwd.log" 2>&1 ;;
+  cp_local_flex)
+    local p extra
+    for p in ${CP_FLEX_PASSES:-fwd bwd}; do
+      extra=""; [ "$p" = bwd ] && extra="--also-autograd"
+      CUDA_VISIBLE_DEVICES=0 timeout -k 10 -s TERM "$(capped 420)" python3 benchmarks/cp_rank_local.py \
+        "$logs/cp_local_flex_$p.json" --pass "$p" $extra --kernel flex --single flex --heads 64:8 \
+        --tokens-per-gpu 32768 --masks ${CP_FLEX_MASKS:-causal_document full_document share_question prefix_lm_causal causal} \
+        > "$logs/cp_local_flex_$p.log" 2>&1
+    done ;;
   flex_retained)
     CUDA_VISIBLE_DEVICES=0 timeout -k 10 -s TERM "$(capped 120)" python3 benchmarks/flex_retained_graph.py \
       > "$logs/flex-retained.log" 2>&1 ;;

@@ -228,7 +228,9 @@ class Flex:
     def fwd_parts(self, q, k, v, sub) -> list:
         """All rows as one part, out in the inputs' dtype (no float32 copy before the combination)."""
         _check_heads(sub, k)
-        out, lse = self._call(q, k, v, sub)
+        # Never differentiated through (the ring's backward is hand-written); detached inputs also
+        # keep torch from refusing CPU inputs that require grad.
+        out, lse = self._call(q.detach(), k.detach(), v.detach(), sub)
         return [Part(out, lse.to(acc_dtype(q.dtype)), 0, q.shape[2])]
 
     def fwd(self, q, k, v, sub):

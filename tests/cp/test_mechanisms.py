@@ -5,6 +5,7 @@ One spawned group per world size loops over all cases (process start-up dominate
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import socket
@@ -24,6 +25,7 @@ from longca.masks.registry import PATTERNS, build_mask
 STATIC = sorted(n for n, p in PATTERNS.items() if p.family != "dynamic")
 SEQLEN, BATCH, HQ, HKV, HEAD_DIM = 48, 2, 4, 2, 8
 TOL = 1e-10
+FLEX_MECHANISMS = ("ring_p2p", "ulysses", "ring_allgather")
 CASES = {
     2: [("ulysses", None), ("ring_p2p", None), ("ring_allgather", None), ("usp", {"ulysses": 2, "ring": 1}),
         ("loongtrain", {"ulysses": 1, "ring": 2, "windows": 2})],
@@ -57,7 +59,9 @@ def _free_port() -> int:
 def _worker(rank: int, world: int, port: int, doc_file: str, result_file: str) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    # A rank that fails mid-collective makes the others time out (an error) instead of waiting forever.
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=180))
     results = []
     kernel = get_local("naive")
     dev = torch.device("cpu")
@@ -90,24 +94,27 @@ def _worker(rank: int, world: int, port: int, doc_file: str, result_file: str) -
                 except Exception:  # recorded, asserted in the parent
                     case["failure"] = traceback.format_exc()
                 results.append(case)
-    # FlexAttention local kernel, forward only (it has no CPU backward), at world size 2.
+    # FlexAttention local kernel at world size 2, forward and backward (its backward is Flex's own
+    # backward operator on the combined out/LSE, run eagerly on the CPU: longca.cp.flex_backward).
     if world == 2:
         flex = get_local("flex")
         for mask_name in STATIC:
             mask = build_mask(mask_name, SEQLEN, small_params(mask_name, doc_file), seed=3)
             g = torch.Generator().manual_seed(12)
-            q = torch.randn(BATCH, HQ, SEQLEN, HEAD_DIM, generator=g, dtype=torch.float64)
+            q, dout = (torch.randn(BATCH, HQ, SEQLEN, HEAD_DIM, generator=g, dtype=torch.float64) for _ in range(2))
             k, v = (torch.randn(BATCH, HKV, SEQLEN, HEAD_DIM, generator=g, dtype=torch.float64) for _ in range(2))
-            ref = reference_attention(q, k, v, mask.slices)[0]
+            ref = reference_attention(q, k, v, mask.slices, dout)
             sharding = make_sharding("zigzag", SEQLEN, world, mask.slices)
             pos = torch.from_numpy(sharding.positions(rank))
-            for mech in ("ring_p2p", "ulysses"):
+            for mech in FLEX_MECHANISMS:
                 case = {"mask": mask_name, "balance": "zigzag", "mechanism": mech, "degrees": None, "kernel": "flex"}
                 try:
                     plan = build_plan(mech, None, mask.slices, sharding, rank, HQ, HKV, flex, dev)
-                    with torch.no_grad():
-                        out = cp_attention(q[:, :, pos], k[:, :, pos], v[:, :, pos], plan)
-                    t = torch.tensor([rel_err(out, ref[:, :, pos])], dtype=torch.float64)
+                    ql, kl, vl = (x[:, :, pos].clone().requires_grad_(True) for x in (q, k, v))
+                    out = cp_attention(ql, kl, vl, plan)
+                    out.backward(dout[:, :, pos])
+                    errs = [rel_err(a, b[:, :, pos]) for a, b in zip((out, ql.grad, kl.grad, vl.grad), ref)]
+                    t = torch.tensor(errs, dtype=torch.float64)
                     dist.all_reduce(t, op=dist.ReduceOp.MAX)
                     case.update(errors=t.tolist(), rank_areas=plan.rank_areas, area=mask.area)
                 except Exception:
@@ -146,7 +153,9 @@ def test_every_mechanism_and_mask_matches_reference(world: int, doc_file: str, t
     summary = [(r["mask"], r["balance"], r["mechanism"], r["degrees"], r.get("errors") or r["failure"][-300:])
                for r in failures]
     assert not failures, f"{len(failures)} failing cases, first: {summary[:6]}"
-    n_cases = len(STATIC) * ((len(BALANCES) * len(CASES[2]) + 2) if world == 2 else len(CASES[4]))
+    n_cases = len(STATIC) * ((len(BALANCES) * len(CASES[2]) + len(FLEX_MECHANISMS)) if world == 2 else len(CASES[4]))
+    if world == 2:  # the Flex cases checked gradients too
+        assert sum(len(r["errors"]) == 4 for r in results if r.get("kernel") == "flex") == len(STATIC) * len(FLEX_MECHANISMS)
     assert len(results) == n_cases
     for r in results:
         assert sum(r["rank_areas"]) == r["area"]  # per-rank areas (one batch element) add up
