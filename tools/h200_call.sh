@@ -54,7 +54,8 @@
 #     cp_local          one rank's Ring P2P forward at a time on GPU 0 (benchmarks/cp_rank_local.py:
 #                       every participant's K/V in memory, nothing sent): its local work against
 #                       single-GPU cuDNN, causal and full, 32K and 64K per GPU, GQA and MHA, each
-#                       rank checked first; log cp_local.log, rows cp_local.json
+#                       rank checked first; log cp_local.log, rows cp_local.json; CP_LOCAL_PASS=bwd
+#                       times the ranks' backward (steps' bwd on the combined out/LSE) instead
 #     cp_local_flex     one rank's Ring P2P work at a time on GPU 0 with Flex per rank (cp_rank_local.py),
 #                       for each pass in CP_FLEX_PASSES (default "fwd bwd"): the backward times each
 #                       step's backward on the combined out/LSE (longca.cp.flex_backward) and, beside
@@ -299,9 +300,11 @@ case "$1" in
   cooldown_probe)  # sustained first (it leaves the GPU warm, as a sweep does), then with the cool-down
     scratch_run cooldown-probe specs/h200-efficiency-probe.yaml --sweep dense_sustained
     KEEP=1 scratch_run cooldown-probe specs/h200-efficiency-probe.yaml --sweep dense_cooldown ;;
-  cp_local)
-    CUDA_VISIBLE_DEVICES=0 timeout -k 10 -s TERM "$(capped 300)" python3 benchmarks/cp_rank_local.py "$logs/cp_local.json" \
-      --masks causal full --tokens-per-gpu 32768 65536 --heads 64:8 64:64 > "$logs/cp_local.log" 2>&1 ;;
+  cp_local)  # CP_LOCAL_PASS=bwd: the ranks' backward instead (files cp_local_bwd.*)
+    local sfx=""; [ "${CP_LOCAL_PASS:-fwd}" = bwd ] && sfx="_bwd"
+    CUDA_VISIBLE_DEVICES=0 timeout -k 10 -s TERM "$(capped 300)" python3 benchmarks/cp_rank_local.py "$logs/cp_local$sfx.json" \
+      --pass "${CP_LOCAL_PASS:-fwd}" --masks causal full --tokens-per-gpu 32768 65536 --heads 64:8 64:64 \
+      > "$logs/cp_local$sfx.log" 2>&1 ;;
   cp_local_flex)
     local p extra
     for p in ${CP_FLEX_PASSES:-fwd bwd}; do
