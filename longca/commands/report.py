@@ -17,6 +17,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fidelity", action="append", default=[], metavar="JSON",
                    help="timer fidelity checks (benchmarks/timer_fidelity.py's output), tabled on the Status page "
                         "(repeatable)")
+    p.add_argument("--cp-local", action="append", default=[], metavar="JSON",
+                   help="one CP rank's local work timed on one GPU (benchmarks/cp_rank_local.py's output), tabled "
+                        "on the CP page (repeatable)")
     p.add_argument("--spec", metavar="SPEC.yaml", help="the spec that produced the rows, shown on the provenance page")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory, e.g. reports/<spec>/")
     p.add_argument("--title", help="site title (default: 'longca: <spec>')")
@@ -29,7 +32,8 @@ def run(args: argparse.Namespace) -> int:
     from longca.report import build_report  # heavy imports (altair, vl-convert) only when used
 
     built = build_report(args.data, args.out, spec=args.spec, title=args.title, png=not args.no_png,
-                         peers_path=args.peers, probe=args.probe, fidelity_checks=args.fidelity)
+                         peers_path=args.peers, probe=args.probe, fidelity_checks=args.fidelity,
+                         cp_local_runs=args.cp_local)
     print(f"wrote {len(built.pages)} pages and {len(built.charts)} charts to {built.out} "
           f"in {built.timings['total']:.1f} s; open {built.out / 'index.html'}")
     return 0

@@ -19,7 +19,7 @@ import polars as pl
 import pyarrow as pa
 
 import longca
-from longca.report import assets, charts, export, fidelity, gallery, load, pages, peers, queries
+from longca.report import assets, charts, cp_local, export, fidelity, gallery, load, pages, peers, queries
 from longca.report.charts import ChartSpec
 from longca.report.pages import Page, Table
 from longca.store.write import write_table
@@ -145,7 +145,7 @@ def _mask_pages(c: pl.DataFrame, peer: pl.DataFrame) -> list[Page]:
     return out
 
 
-def _family_pages(c: pl.DataFrame, peer: pl.DataFrame) -> list[Page]:
+def _family_pages(c: pl.DataFrame, peer: pl.DataFrame, local: pl.DataFrame | None = None) -> list[Page]:
     sparse, cp = queries.sparse_cells(c), queries.cp_cells(c)
     p_sparse = Page("sparse.html", "Sparse", "Block-sparse attention")
     on_gpu = sparse.filter(pl.col("device") == "cuda").height > 0
@@ -193,6 +193,22 @@ def _family_pages(c: pl.DataFrame, peer: pl.DataFrame) -> list[Page]:
                           ["mask", "heads", "pass", "tokens_per_gpu", "world_size", "cp_mechanism", "cp_balance",
                            "kernel", "tflops", "single_tflops", "ratio", "device_name"],
                           numeric=["tokens_per_gpu", "world_size", "tflops", "single_tflops", "ratio"]))
+    if local is not None and local.height:
+        p_cp.h2("One rank's local work on one GPU")
+        p_cp.p("Each rank of a CP run played in turn on one GPU (benchmarks/cp_rank_local.py): every participant's "
+               "K/V held in memory, nothing sent, so the time is only the rank's own attention calls and the "
+               "combination of their results (backward: each ring step's backward on the combined output and LSE, "
+               "and the float32 accumulation of the gradients). Every configuration was checked against the float32 "
+               "reference first (largest relative error shown). Per-GPU TFLOP/s by the CP convention, global FLOPs "
+               "over the slower rank's time x world size; the single-GPU kernel ran on one rank's token count in the "
+               "same process. The gap between these figures and the multi-GPU cells above is what communication "
+               "and its overlap cost. The autograd column (some backward runs): the same steps with the step's "
+               "forward run again under autograd, as the Flex backward did before it called Flex's own backward "
+               "operator. For document masks a rank's 32K tokens are not the single-GPU problem at 32K (documents "
+               "are drawn per length), so their ratio can pass 1.")
+        p_cp.table(_table(local, cp_local.shown_columns(local),
+                          numeric=["tokens_per_gpu", "world", "cp_per_gpu_tflops", "cp_per_gpu_tflops_autograd",
+                                   "single_tflops", "ratio", "max_rel_err"]))
     p_lin = Page("linear.html", "Linear", "Linear attention against softmax")
     series, cross = queries.linear_vs_softmax(c)
     p_lin.chart(charts.linear_chart(series, cross), "No ok linear-attention cells.")
@@ -326,7 +342,8 @@ def _peers_page(peer: pl.DataFrame, path: Path | None) -> Page:
 
 def _provenance_page(rows: pl.DataFrame, data: Sequence[Path], spec: Path | None, spec_name: str,
                      libs: dict[str, str], all_charts: list[ChartSpec], out: Path, title: str | None,
-                     probe: Sequence[Path] = (), checks: Sequence[Path] = ()) -> Page:
+                     probe: Sequence[Path] = (), checks: Sequence[Path] = (),
+                     local_files: Sequence[Path] = ()) -> Page:
     page = Page("environment.html", "Environment & data", "Environment, provenance and downloads")
     page.h2("Where the numbers came from")
     env = queries.environments(rows)
@@ -339,7 +356,8 @@ def _provenance_page(rows: pl.DataFrame, data: Sequence[Path], spec: Path | None
     page.h2("Reproduce")
     cmd = ["longca", "report", *[a for d in data for a in ("--data", shown_path(d))],
            *[a for d in probe for a in ("--probe", shown_path(d))],
-           *[a for d in checks for a in ("--fidelity", shown_path(d))]]
+           *[a for d in checks for a in ("--fidelity", shown_path(d))],
+           *[a for d in local_files for a in ("--cp-local", shown_path(d))]]
     if spec is not None:
         cmd += ["--spec", shown_path(spec)]
     cmd += ["--out", shown_path(out)]
@@ -395,12 +413,14 @@ def _stale_cells(rows: pl.DataFrame, spec_path: Path) -> pl.DataFrame | None:
 
 def build_report(data: Sequence[str | Path], out: str | Path, spec: str | Path | None = None,
                  title: str | None = None, png: bool = True, peers_path: str | Path | None = None,
-                 probe: Sequence[str | Path] = (), fidelity_checks: Sequence[str | Path] = ()) -> Built:
+                 probe: Sequence[str | Path] = (), fidelity_checks: Sequence[str | Path] = (),
+                 cp_local_runs: Sequence[str | Path] = ()) -> Built:
     """Write the whole static site for the rows in `data` under `out`; returns what was written.
 
     `probe`: rows of protocol probes, shown only in the Status page's measurement-time tables (and
     offered as data/probes.parquet), never drawn: they re-measure cells under another protocol.
     `fidelity_checks`: JSON files of benchmarks/timer_fidelity.py, tabled on the Status page.
+    `cp_local_runs`: JSON files of benchmarks/cp_rank_local.py, tabled on the CP page.
     """
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
@@ -419,6 +439,8 @@ def build_report(data: Sequence[str | Path], out: str | Path, spec: str | Path |
                                 for p, (_, r) in zip(probe, read)], how="diagonal_relaxed")
     check_files = [Path(p) for p in fidelity_checks]
     checks = fidelity.load_checks(check_files, {p: shown_path(p) for p in check_files}) if check_files else None
+    local_files = [Path(p) for p in cp_local_runs]
+    local = cp_local.load(local_files, {p: shown_path(p) for p in local_files}) if local_files else None
     spec_names = rows.get_column("spec").drop_nulls().unique().sort().to_list()
     spec_name = spec_path.stem if spec_path else (", ".join(spec_names) or "results")
     stale = _stale_cells(rows, spec_path) if spec_path is not None else None
@@ -428,7 +450,7 @@ def build_report(data: Sequence[str | Path], out: str | Path, spec: str | Path |
     timings["load+cells"] = time.perf_counter() - t0
 
     overview, _ = _overview(c, rows, spec_name, stale)
-    family = _family_pages(c, peer)
+    family = _family_pages(c, peer, local)
     mask_pages = _mask_pages(c, peers.for_masks(peer))
     drawn = [overview, *mask_pages, *family]
     all_charts = [ch for p in drawn for ch in p.charts()]
@@ -455,7 +477,8 @@ def build_report(data: Sequence[str | Path], out: str | Path, spec: str | Path |
         p_gallery.p(message, "note")
     site = [overview, *family, p_gallery, _status_page(rows, c, probe_rows, superseded, stale, checks),
             _peers_page(peer, Path(peers_path) if peers_path else None),
-            _provenance_page(rows, data, spec_path, spec_name, libs, all_charts, out, title, probe, check_files)]
+            _provenance_page(rows, data, spec_path, spec_name, libs, all_charts, out, title, probe, check_files,
+                             local_files)]
     if mask_pages:
         masks_index = Page("masks.html", "Masks", "Per-mask throughput and memory")
         masks_index.links([(p.file, p.nav) for p in mask_pages])
