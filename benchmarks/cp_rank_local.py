@@ -213,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--kernel", default="sdpa_cudnn", help="the per-rank local kernel (longca.cp.local)")
-    ap.add_argument("--single", default="sdpa_cudnn", help="the single-device kernel (longca.kernels)")
+    ap.add_argument("--single", default="sdpa_cudnn",
+                    help="the single-device kernel (longca.kernels); 'none' skips it (compare with sweep rows)")
     ap.add_argument("--mechanism", default="ring_p2p", choices=["ring_p2p", "ring_allgather"])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--check-seqlen", type=int, default=4096)
@@ -254,9 +255,10 @@ def main(argv: list[str] | None = None) -> int:
                         else:
                             row.update(measure_bwd(mask_name, args.world, per_gpu, hq, hk, args.head_dim, dtype,
                                                    kernel, device, args.mechanism, timer, rep, args.also_autograd))
-                        row.update(single_device(mask_name, per_gpu, hq, hk, args.head_dim, dtype, device,
-                                                 args.single, timer, rep, args.pass_))
-                        row["ratio"] = row["cp_per_gpu_tflops"] / row["single_tflops"]
+                        if args.single != "none":
+                            row.update(single_device(mask_name, per_gpu, hq, hk, args.head_dim, dtype, device,
+                                                     args.single, timer, rep, args.pass_))
+                            row["ratio"] = row["cp_per_gpu_tflops"] / row["single_tflops"]
                         row["status"] = "ok"
                     except Exception:  # noqa: BLE001
                         row.update(status="error", failure=traceback.format_exc())

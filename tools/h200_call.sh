@@ -61,7 +61,8 @@
 #                       step's backward on the combined out/LSE (longca.cp.flex_backward) and, beside
 #                       it, through autograd (the forward run again, as before call 54); the four
 #                       heterogeneous masks of call 19 and causal at 32K per GPU, GQA 64:8, against
-#                       single-GPU Flex (CP_FLEX_MASKS, CP_FLEX_TOKENS override masks and tokens per GPU);
+#                       single-GPU Flex (CP_FLEX_MASKS, CP_FLEX_TOKENS override masks and tokens per GPU;
+#                       CP_FLEX_SINGLE=none skips the single-GPU baseline, to compare with sweep rows);
 #                       logs cp_local_flex_PASS.log, rows cp_local_flex_PASS.json
 #                       (call 54 ran the backward alone, as the stage cp_local_bwd)
 #     cooldown_probe    the probe spec's dense_sustained sweep (12 cuDNN cells under the dense
@@ -311,7 +312,7 @@ case "$1" in
     for p in ${CP_FLEX_PASSES:-fwd bwd}; do
       extra=""; [ "$p" = bwd ] && extra="--also-autograd"
       CUDA_VISIBLE_DEVICES=0 timeout -k 10 -s TERM "$(capped 420)" python3 benchmarks/cp_rank_local.py \
-        "$logs/cp_local_flex_$p.json" --pass "$p" $extra --kernel flex --single flex --heads 64:8 \
+        "$logs/cp_local_flex_$p.json" --pass "$p" $extra --kernel flex --single "${CP_FLEX_SINGLE:-flex}" --heads 64:8 \
         --tokens-per-gpu ${CP_FLEX_TOKENS:-32768} --masks ${CP_FLEX_MASKS:-causal_document full_document share_question prefix_lm_causal causal} \
         > "$logs/cp_local_flex_$p.log" 2>&1
     done ;;
