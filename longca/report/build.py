@@ -205,7 +205,8 @@ def _family_pages(c: pl.DataFrame, peer: pl.DataFrame, local: pl.DataFrame | Non
                "and its overlap cost. The autograd column (some backward runs): the same steps with the step's "
                "forward run again under autograd, as the Flex backward did before it called Flex's own backward "
                "operator. For document masks a rank's 32K tokens are not the single-GPU problem at 32K (documents "
-               "are drawn per length), so their ratio can pass 1.")
+               "are drawn per length), so their ratio can pass 1. A configuration run more than once (after a code change, "
+               "for example) appears once per file; the file names the run.")
         p_cp.table(_table(local, cp_local.shown_columns(local),
                           numeric=["tokens_per_gpu", "world", "cp_per_gpu_tflops", "cp_per_gpu_tflops_autograd",
                                    "single_tflops", "ratio", "max_rel_err"]))
