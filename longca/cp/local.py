@@ -239,7 +239,8 @@ class Flex:
 
     def bwd(self, dout, q, k, v, out, lse, sub):
         """Flex's backward kernel given the combined (out, lse): no forward runs again
-        (longca.cp.flex_backward). `bwd_by_autograd` over `_call` computes the same (tested)."""
+        (longca.cp.flex_backward). The path before call 54, `bwd_by_autograd` over `_call`, runs the
+        step's forward again; benchmarks/cp_rank_local.py --also-autograd times it beside this one."""
         from longca.cp.flex_backward import flex_backward
 
         _check_heads(sub, k)
