@@ -161,10 +161,14 @@ def cp_layouts(mechanism: str, world: int, cp: dict[str, Any]) -> list[tuple[tup
 
 
 def resolve_balance(balance: str, mask: str, degrees: tuple = ()) -> str:
-    """`auto` sharding: per-document balance for document masks, zigzag for masks whose work
-    grows along the sequence (causal-type), contiguous where every rank has equal work anyway
+    """`auto` sharding: area balance (`document`) for document masks and the heterogeneous family,
+    zigzag for the regular masks whose work grows along the sequence (causal, causal sliding
+    window: zigzag evens them exactly), contiguous where every rank has equal work anyway
     (full, sliding window, and block-sparse masks, which keep the same number of key blocks in
-    every query block: zigzag would only cut more blocks at shard boundaries).
+    every query block: zigzag would only cut more blocks at shard boundaries). Zigzag left the
+    heterogeneous masks uneven: at 256K on 2 ranks prefix_lm_causal's busiest rank 9.8% above the
+    mean (one H200, call 57: 22% more area on one rank) and global_sliding_window's 9.5%, against
+    0.7% and 0.5% under `document` (NOTES.md, "Call 57"); auto chose zigzag for them before.
 
     Without a ring (`degrees` has no ring degree above 1: pure Ulysses) every rank attends the
     whole sequence for its heads, so work is equal under any sharding, and contiguous keeps the
@@ -176,7 +180,7 @@ def resolve_balance(balance: str, mask: str, degrees: tuple = ()) -> str:
 
     if dict(degrees).get("ring", 1) == 1:
         return "contiguous"
-    if PATTERNS[mask].multi_document:
+    if PATTERNS[mask].multi_document or PATTERNS[mask].family == "heterogeneous":
         return "document"
     if mask in ("full", "sliding_window") or PATTERNS[mask].family == "dynamic":
         return "contiguous"

@@ -97,7 +97,7 @@ def test_auto_balance_is_contiguous_without_a_ring():
 name: t
 device: cpu
 kernels: [naive]
-masks: [causal, full_document, full]
+masks: [causal, full_document, full, prefix_lm_causal, causal_sliding_window]
 seqlens: [64]
 heads: ["4:4"]
 head_dims: [16]
@@ -113,6 +113,9 @@ sweeps:
     assert got[("ring_p2p", 4, "causal")] == got[("usp", 2, "causal")] == "zigzag"
     assert got[("ring_p2p", 4, "full_document")] == "document"
     assert got[("ring_p2p", 4, "full")] == "contiguous"
+    # zigzag only where it evens the work exactly; the heterogeneous masks get area balance
+    assert got[("ring_p2p", 4, "causal_sliding_window")] == "zigzag"
+    assert got[("ring_p2p", 4, "prefix_lm_causal")] == "document"
 
     # Why: the gathered Ulysses sequence under zigzag is a permuted causal mask of several pieces.
     mask = build_mask("causal", 64)
