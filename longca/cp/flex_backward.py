@@ -97,8 +97,8 @@ def _signature(block_tuple: tuple, args: tuple) -> tuple:
     """What a traced graph depends on besides tensor contents: every input's shape, stride, dtype and
     device, and the BlockMask's non-tensor entries (lengths, block sizes)."""
     meta = tuple((tuple(a.shape), tuple(a.stride()), a.dtype, a.device) for a in args)
-    consts = tuple(x if isinstance(x, (int, float, bool, type(None))) else type(x).__name__
-                   for x in block_tuple[:-1] if not isinstance(x, torch.Tensor))
+    consts = tuple("tensor" if isinstance(x, torch.Tensor) else x if isinstance(x, (int, float, bool, type(None)))
+                   else type(x).__name__ for x in block_tuple[:-1])  # which entries are tensors, too
     return meta + consts
 
 

@@ -136,3 +136,9 @@ def test_graphs_are_told_apart_by_what_the_mask_function_bakes_in():
     assert fb._closure_constants(one.with_buffers) != fb._closure_constants(two.with_buffers)
     m = Mask("m", 64, 64, build_mask("causal", 64).slices)
     assert fb._closure_constants(to_block_mask(m).mask_mod.with_buffers) == fb._closure_constants(one.with_buffers)
+
+
+def test_the_cache_key_sees_which_block_mask_entries_are_tensors():
+    t = torch.zeros(2)
+    assert fb._signature((8, t, None, max), ()) != fb._signature((8, None, t, max), ())
+    assert fb._signature((8, t, None, max), ()) == fb._signature((8, torch.ones(2), None, min), ())
