@@ -102,13 +102,13 @@ def document(seqlen: int, world: int, slices: np.ndarray, chunks_per_rank: int |
     None picks the count."""
     areas = row_areas(slices, seqlen)
     if chunks_per_rank is not None:
-        return _document(seqlen, world, areas, chunks_per_rank)
+        return _document(seqlen, world, areas, chunks_per_rank)[0]
     best = None
     for n in CHUNKS_PER_RANK:
         if n != CHUNKS_PER_RANK[0] and (seqlen % (world * n) or seqlen // (world * n) < MIN_CHUNK):
             continue
-        s = _document(seqlen, world, areas, n)
-        spread = imbalance(s, areas)
+        s, per_rank = _document(seqlen, world, areas, n)
+        spread = _spread(per_rank)
         if best is None or spread < best[0]:
             best = (spread, s)
         if spread <= BALANCE_TOL:
@@ -118,12 +118,16 @@ def document(seqlen: int, world: int, slices: np.ndarray, chunks_per_rank: int |
 
 def imbalance(sharding: Sharding, areas: np.ndarray) -> float:
     """The busiest rank's attended area over the mean, minus 1 (0 = perfectly even)."""
-    per_rank = [int(areas[sharding.positions(r)].sum()) for r in range(sharding.world_size)]
+    return _spread([int(areas[sharding.positions(r)].sum()) for r in range(sharding.world_size)])
+
+
+def _spread(per_rank) -> float:
     mean = sum(per_rank) / len(per_rank)
     return max(per_rank) / mean - 1.0 if mean else 0.0
 
 
-def _document(seqlen: int, world: int, areas: np.ndarray, chunks_per_rank: int) -> Sharding:
+def _document(seqlen: int, world: int, areas: np.ndarray, chunks_per_rank: int) -> tuple[Sharding, list[int]]:
+    """The greedy assignment and each rank's attended area under it."""
     parts = world * chunks_per_rank
     _check_divisible(seqlen, parts, "document", world)
     c = seqlen // parts
@@ -138,7 +142,7 @@ def _document(seqlen: int, world: int, areas: np.ndarray, chunks_per_rank: int) 
         chosen[r].append((i * c, (i + 1) * c))
         ranks_load[r] += load[i]
         room[r] -= 1
-    return Sharding("document", seqlen, tuple(_merge(ch) for ch in chosen))
+    return Sharding("document", seqlen, tuple(_merge(ch) for ch in chosen)), [int(x) for x in ranks_load]
 
 
 def granule(balance: str, world: int, chunks_per_rank: int = CHUNKS_PER_RANK[0]) -> int:
