@@ -27,6 +27,7 @@ against the float64/float32 reference before it is timed.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from typing import Any, Callable
@@ -54,11 +55,16 @@ def _kernel_options(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict[s
     defaults, whatever keys it has)."""
     from torch.nn.attention import flex_attention as fa
 
-    params = inspect.signature(fa._apply_kernel_options).parameters
-    kwargs: dict[str, Any] = {}
-    if "return_aux" in params:
-        kwargs["return_aux"] = fa.AuxRequest(lse=True)
+    kwargs: dict[str, Any] = {"return_aux": fa.AuxRequest(lse=True)} if _takes_return_aux() else {}
     return dict(fa._apply_kernel_options(q, k, v, True, None, **kwargs))
+
+
+@functools.cache
+def _takes_return_aux() -> bool:
+    """Whether this torch's `_apply_kernel_options` has the `return_aux` argument (newer releases)."""
+    from torch.nn.attention import flex_attention as fa
+
+    return "return_aux" in inspect.signature(fa._apply_kernel_options).parameters
 
 
 def _lse_is_log2(options: dict[str, Any]) -> bool:
@@ -75,7 +81,8 @@ def _graphs(q: torch.Tensor):
 
 
 def _backward_fn(block_tuple: tuple, mask_fn: Callable, scale: float, options: dict[str, Any], fw, joint):
-    """f(q, k, v, out, lse2, dout, *mask_buffers, *block_tensors) -> (dq, dk, dv)."""
+    """f(q, k, v, out, lse2, dout, *mask_buffers, *block_tensors) -> (dq, dk, dv), block_tensors
+    the BlockMask tuple's tensors in order (`_block_tensors`)."""
     from torch._higher_order_ops.flex_attention import flex_attention_backward
 
     tensor_at = [i for i, x in enumerate(block_tuple) if isinstance(x, torch.Tensor)]
@@ -90,7 +97,11 @@ def _backward_fn(block_tuple: tuple, mask_fn: Callable, scale: float, options: d
                                                 options, (), tuple(bufs))
         return dq, dk, dv
 
-    return f, tensor_at
+    return f
+
+
+def _block_tensors(block_tuple: tuple) -> tuple[torch.Tensor, ...]:
+    return tuple(x for x in block_tuple if isinstance(x, torch.Tensor))
 
 
 def _signature(block_tuple: tuple, args: tuple) -> tuple:
@@ -124,20 +135,16 @@ def flex_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     block_tuple = block_mask.as_tuple()
     lse = lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
     lse2 = lse / LN2 if _lse_is_log2(options) else lse
-    args = (q, k, v, out.to(q.dtype).contiguous(), lse2.contiguous(), dout.to(q.dtype).contiguous(), *bufs)
-    key = None
-    if compiled:
-        key = (_signature(block_tuple, args + tuple(x for x in block_tuple if isinstance(x, torch.Tensor))),
-               len(bufs), _closure_constants(mask_fn), scale, tuple(sorted(options.items())))
-    fn = _compiled.get(key) if key is not None else None
+    inputs = (q, k, v, out.to(q.dtype).contiguous(), lse2.contiguous(), dout.to(q.dtype).contiguous(), *bufs,
+              *_block_tensors(block_tuple))
+    if not compiled:
+        return _backward_fn(block_tuple, mask_fn, scale, options, *_graphs(q))(*inputs)
+    key = (_signature(block_tuple, inputs), len(bufs), _closure_constants(mask_fn), scale,
+           tuple(sorted(options.items())))
+    fn = _compiled.get(key)
     if fn is None:
-        fw, joint = _graphs(q)
-        f, tensor_at = _backward_fn(block_tuple, mask_fn, scale, options, fw, joint)
-        if not compiled:
-            return f(*args, *(block_tuple[i] for i in tensor_at))
-        fn = _compile(f, args + tuple(block_tuple[i] for i in tensor_at))
-        _compiled[key] = fn
-    return fn(*args, *(x for x in block_tuple if isinstance(x, torch.Tensor)))
+        fn = _compiled[key] = _compile(_backward_fn(block_tuple, mask_fn, scale, options, *_graphs(q)), inputs)
+    return fn(*inputs)
 
 
 def trace(f: Callable, args: tuple) -> torch.fx.GraphModule:

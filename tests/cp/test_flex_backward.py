@@ -92,9 +92,9 @@ def _parts(q, k, v, out, lse, bm):
     mask_fn, bufs = fb._mask_fn_and_buffers(bm.mask_mod)
     block_tuple = bm.as_tuple()
     options = fb._kernel_options(q, k, v)
-    f, tensor_at = fb._backward_fn(block_tuple, mask_fn, 0.25, options, *fb._graphs(q))
+    f = fb._backward_fn(block_tuple, mask_fn, 0.25, options, *fb._graphs(q))
     lse2 = lse / fb.LN2 if fb._lse_is_log2(options) else lse
-    args = (q, k, v, out, lse2, *bufs, *(block_tuple[i] for i in tensor_at))
+    args = (q, k, v, out, lse2, *bufs, *fb._block_tensors(block_tuple))
     return f, args
 
 
