@@ -207,9 +207,7 @@ def _family_pages(c: pl.DataFrame, peer: pl.DataFrame, local: pl.DataFrame | Non
                "operator. For document masks a rank's 32K tokens are not the single-GPU problem at 32K (documents "
                "are drawn per length), so their ratio can pass 1. A configuration run more than once (after a code change, "
                "for example) appears once per file; the file names the run.")
-        p_cp.table(_table(local, cp_local.shown_columns(local),
-                          numeric=["tokens_per_gpu", "world", "cp_per_gpu_tflops", "cp_per_gpu_tflops_autograd",
-                                   "single_tflops", "ratio", "max_rel_err"]))
+        p_cp.table(_table(local, cp_local.shown_columns(local), numeric=cp_local.NUMERIC))
     p_lin = Page("linear.html", "Linear", "Linear attention against softmax")
     series, cross = queries.linear_vs_softmax(c)
     p_lin.chart(charts.linear_chart(series, cross), "No ok linear-attention cells.")

@@ -15,6 +15,7 @@ COLUMNS = ["source", "pass", "mask", "balance", "heads", "tokens_per_gpu", "worl
            "ratio", "max_rel_err", "status"]
 _FLOATS = ("cp_per_gpu_tflops", "cp_per_gpu_tflops_autograd", "single_tflops", "ratio", "max_rel_err")
 _INTS = ("tokens_per_gpu", "world")
+NUMERIC = [c for c in COLUMNS if c in _FLOATS + _INTS]  # right-aligned in the report's table
 
 
 def load(paths: Sequence[str | Path], shown: dict[Path, str] | None = None) -> pl.DataFrame:
