@@ -107,3 +107,14 @@ def synthetic_rows(samples: int = 2, seqlens: tuple[int, ...] = (1024, 4096, 163
 
 def synthetic_table(**kw: Any) -> pa.Table:
     return to_table(synthetic_rows(**kw))
+
+
+def write_one_row(path) -> None:
+    """One ok single-GPU row as Parquet: the least a report can be built from (tests of its pages'
+    side tables)."""
+    import pyarrow.parquet as pq
+
+    row = dict(spec="s", sweep="w", kernel="k", mask="full", seqlen_q=1024, seqlen_k=1024, batch=1, heads_q=8,
+               heads_kv=8, head_dim=64, dtype="bf16", status="ok", tflops=1.0, median_ms=1.0, device_name="dev",
+               host="h", world_size=1, samples_ms=[1.0], cell_wall_s=2.0)
+    pq.write_table(to_table([row]), path)

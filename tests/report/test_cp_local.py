@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 
 from longca.report import cp_local
@@ -45,12 +44,9 @@ def test_rows_keep_ranks_figures_and_errors(tmp_path: Path) -> None:
 
 def test_the_cp_page_tables_the_runs_escaped_and_the_command_names_the_files(tmp_path: Path) -> None:
     from longca.report import build_report
-    from longca.store.schema import to_table
+    from report_rows import write_one_row
 
-    row = dict(spec="s", sweep="w", kernel="k", mask="full", seqlen_q=1024, seqlen_k=1024, batch=1, heads_q=8,
-               heads_kv=8, head_dim=64, dtype="bf16", status="ok", tflops=1.0, median_ms=1.0, device_name="dev",
-               host="h", world_size=1, samples_ms=[1.0], cell_wall_s=2.0)
-    pq.write_table(to_table([row]), tmp_path / "rows.parquet")
+    write_one_row(tmp_path / "rows.parquet")
     build_report([tmp_path / "rows.parquet"], tmp_path / "site", png=False, cp_local_runs=[_runs(tmp_path)])
     page = (tmp_path / "site" / "cp.html").read_text()
     section = page.split("local work on one GPU</h2>")[1]

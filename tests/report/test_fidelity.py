@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 
 from longca.report import fidelity
@@ -48,12 +47,9 @@ def test_cases_become_rows_with_the_goal_judged_on_the_median_ratio(tmp_path: Pa
 
 def test_the_status_page_lists_every_check_escaped_and_the_command_names_the_files(tmp_path: Path) -> None:
     from longca.report import build_report
-    from longca.store.schema import to_table
+    from report_rows import write_one_row
 
-    row = dict(spec="s", sweep="w", kernel="k", mask="full", seqlen_q=1024, seqlen_k=1024, batch=1, heads_q=8,
-               heads_kv=8, head_dim=64, dtype="bf16", status="ok", tflops=1.0, median_ms=1.0, device_name="dev",
-               host="h", world_size=1, samples_ms=[1.0], cell_wall_s=2.0)
-    pq.write_table(to_table([row]), tmp_path / "rows.parquet")
+    write_one_row(tmp_path / "rows.parquet")
     checks = _checks(tmp_path)
     build_report([tmp_path / "rows.parquet"], tmp_path / "site", png=False, fidelity_checks=[checks])
     status = (tmp_path / "site" / "status.html").read_text()
