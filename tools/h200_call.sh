@@ -14,8 +14,9 @@
 #                       sweep-efficiency protocol (issue 4) every dense cell has a new digest; calls
 #                       continue it until complete. Each process's wall is logged as `process wall`
 #                       (tools/sweep_efficiency.py sums them against the rows' timed samples)
-#     shapes            the shapes sweep (head dims 64 and 256 in bf16, 128 in fp16, at 16K), one
-#                       `longca run` per GPU (without .bundles, as for dense)
+#     shapes            the shapes sweep (head dims 64 and 256 in bf16, 128 in fp16, all three in fp8,
+#                       at 4K and 16K), one `longca run` per GPU (without .bundles, as for dense, but
+#                       FA4's fp8 rows, planned `unsupported`, are written)
 #     sparse            the sparse sweep on all GPUs, Triton first, then Flex, then VSA's Triton
 #                       kernel (carry the vsa wheel and pytest's wheels in .whl-sparse/ for it), then
 #                       FlashInfer and block-sparse FA2 (unsupported rows where not installed)
@@ -214,15 +215,24 @@ scratch_run() {  # NAME SPEC [RUN_ARGS...]
 fa4_sweep() {  # sweep $1 of specs/h200.yaml, one `longca run` per GPU; without the FA4 bundle (55 MB
   # of the call's 64 MiB) every other kernel's missing cells run and FA4's stay missing, never
   # recorded `unsupported: not installed`
-  local only=""
+  local only="" planned=""
   if [ ! -f .bundles/fa4.tar.xz ]; then
     only=$(python3 -c 'import sys
 from longca.spec.load import load_spec
 sw = next(w for w in load_spec("specs/h200.yaml").sweeps if w.name == sys.argv[1])
 print(" ".join(f"--only kernel={k}" for k in sw.kernels if k != "fa4"))' "$1")
     echo "stage $1: no .bundles (FA4), so FA4's cells are left missing: $only" | tee -a "$logs/$1-0.log"
+    # but not those FA4 is planned never to run (a dtype it does not take): their rows need no FA4
+    planned=$(python3 -c 'import sys
+from longca.kernels.registry import get
+from longca.spec.load import load_spec
+sw = next(w for w in load_spec("specs/h200.yaml").sweeps if w.name == sys.argv[1])
+print(" ".join(f"--only dtype={d}" for d in sw.dtypes if d not in get("fa4").caps.dtypes))' "$1")
   fi
   sharded "$1" "--spec specs/h200.yaml --sweep $1 $only ${RETRY:-}"
+  if [ -n "$planned" ]; then
+    sharded "$1-fa4-planned" "--spec specs/h200.yaml --sweep $1 --only kernel=fa4 $planned"
+  fi
   cleanup
 }
 

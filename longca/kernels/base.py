@@ -31,7 +31,10 @@ MASK_FORMS = (
     "block_sparse",  # block-level kept-block lists (per KV head)
 )
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64,
+          "float8_e4m3fn": torch.float8_e4m3fn}
+# fp8 tensor cores exist from Ada/Hopper (sm89) on: a hardware fact, whatever the kernel declares.
+DTYPE_MIN_COMPUTE_CAPABILITY = {"float8_e4m3fn": (8, 9)}
 PASSES = ("fwd", "bwd", "fwd_bwd")
 
 
@@ -45,6 +48,8 @@ class Capabilities:
     head_dims: frozenset[int] | None = None  # None: any
     gqa: bool = True
     backward: bool = True
+    # dtypes the backward takes (None: all of `dtypes`); fp8 kernels are mostly forward-only
+    backward_dtypes: frozenset[str] | None = None
     min_compute_capability: tuple[int, int] | None = None
     max_compute_capability: tuple[int, int] | None = None
     package: str | None = None  # import name that must be importable
@@ -96,6 +101,14 @@ class Kernel(Protocol):
     # Optional: `grad_changes_form(mask, *, head_dim, dtype, device) -> bool`, whether the kernel
     # builds another form for forward-only calls than for calls with gradients; such a kernel's
     # `prepare` takes `grad: bool` and is prepared (and checked) per pass kind (Flex at block 64).
+
+
+def dtype_refusal(dtype: str, compute_capability: tuple[int, int]) -> str | None:
+    """Why a GPU of `compute_capability` cannot compute in `dtype` at all, or None."""
+    need = DTYPE_MIN_COMPUTE_CAPABILITY.get(dtype)
+    if need and tuple(compute_capability) < need:
+        return f"{dtype} needs compute capability >= {need}, device has {tuple(compute_capability)}"
+    return None
 
 
 def backward_refusal(kernel: Any, device: torch.device) -> str | None:
@@ -175,6 +188,8 @@ def static_unsupported_reason(caps: Capabilities, *, mask_name: str, mask_forms:
         return "GQA (heads_q != heads_kv) not supported"
     if pass_ != "fwd" and not caps.backward:
         return "no backward pass"
+    if pass_ != "fwd" and caps.backward_dtypes is not None and dtype not in caps.backward_dtypes:
+        return f"no backward in {dtype} (backward dtypes: {sorted(caps.backward_dtypes)})"
     if caps.block_sizes is not None and "block_sparse" in mask_forms and block_size not in caps.block_sizes:
         shown = f"block size {block_size}" if block_size else "variable blocks"
         return f"{shown} not supported (uniform blocks of {sorted(caps.block_sizes)} only)"

@@ -17,7 +17,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from longca.spec.load import MaskChoice, Spec, Sweep
+from longca.spec.load import LATE_TOLERANCES, MaskChoice, Spec, Sweep
 
 
 def _variant(params: dict[str, Any]) -> str:
@@ -200,6 +200,12 @@ def unknown_sweep(name: str, spec_name: str, names: Iterable[str]) -> str | None
     return None if name in names else f"--sweep {name!r}: no such sweep in {spec_name!r}; allowed: {', '.join(names)}"
 
 
+def _check_for(check: dict[str, Any], dtype: str) -> str:
+    """The `check` JSON of a cell whose dtype has a late default tolerance (see LATE_TOLERANCES)."""
+    tolerance = {dtype: LATE_TOLERANCES[dtype], **check.get("tolerance", {})}
+    return json.dumps({**check, "tolerance": tolerance}, sort_keys=True)
+
+
 def expand(spec: Spec) -> list[Cell]:
     """Every cell of the spec, in a stable order (cheap cells first within each sweep)."""
     cells: list[Cell] = []
@@ -225,7 +231,8 @@ def expand(spec: Spec) -> list[Cell]:
             cells.append(Cell(
                 spec=spec.name, sweep=sw.name, kernel=kernel, mask=mask.name, mask_params=mask.params,
                 seqlen=seqlen, heads_q=hq, heads_kv=hkv, head_dim=d, dtype=dtype, pass_=p, batch=b,
-                device=spec.device, seed=spec.seed, samples=_samples(sw, mask), repeat=repeat, check=check,
+                device=spec.device, seed=spec.seed, samples=_samples(sw, mask), repeat=repeat,
+                check=_check_for(spec.check, dtype) if dtype in LATE_TOLERANCES else check,
                 timeout_s=sw.timeout_s, world_size=world, cp_mechanism=mech, cp_degrees=degrees,
                 cp_balance=resolve_balance(balance, mask.name, degrees) if mech else None,
                 cp_backend=resolve_backend(backend, spec.device) if mech else None,

@@ -113,7 +113,13 @@ def _check_excludes(sw, where: str) -> None:
 
 
 def _check_cp(spec: Spec, sw, where: str) -> None:
+    from longca.cp.bench import DTYPES as CP_DTYPES
+
     cp = sw.cp
+    for j, d in enumerate(sw.dtypes):
+        if d not in CP_DTYPES:
+            raise SpecError(f"{where}.dtypes.{j}",
+                            f"{d!r} is not available to context-parallel sweeps; allowed: {sorted(CP_DTYPES)}")
     backend = cp.get("backend", "auto")
     if spec.device == "cpu" and backend == "nccl":
         raise SpecError(f"{where}.cp.backend", "'nccl' needs device: cuda; allowed on cpu: ['auto', 'gloo']")

@@ -220,3 +220,44 @@ def test_block_64_layout_runs_on_full_blocks_only_and_names_its_tiles(flex):
     ref = reference_attention(q, k, v, dense_mask_tensor(mask, torch.device("cpu")))
     out = prepared.call(*(t.to(DEVICE, DTYPE).transpose(1, 2).contiguous() for t in (q, k, v)))
     assert relative_error(out.transpose(1, 2).cpu(), ref) < TOL_OUT
+
+
+def test_fp8_is_a_forward_only_dtype(flex):
+    """fp8 (e4m3) cells: the forward plans to run, the backward is planned `unsupported` with why."""
+    from longca.kernels.base import static_unsupported_reason
+    from longca.masks.forms import forms_of
+
+    def reason(pass_):
+        return static_unsupported_reason(flex.caps, mask_name="causal", mask_forms=forms_of("causal"),
+                                         dtype="float8_e4m3fn", head_dim=128, heads_q=8, heads_kv=1, pass_=pass_,
+                                         device="cuda")
+
+    assert reason("fwd") is None
+    assert reason("bwd") == "no backward in float8_e4m3fn (backward dtypes: ['bfloat16', 'float16', 'float32'])"
+    assert reason("fwd_bwd") == reason("bwd")
+
+
+def test_fp8_on_cpu_is_refused_at_prepare(flex):
+    """torch's CPU Flex lowering takes no fp8: the cell says so (an `unsupported` row) before any call."""
+    mask = build_mask("causal", S)
+    with pytest.raises(Unsupported, match="FlexAttention on CPU takes .* not torch.float8_e4m3fn"):
+        flex.prepare(mask, batch=B, heads_q=HQ, heads_kv=HKV, head_dim=D, dtype=torch.float8_e4m3fn,
+                     device=torch.device("cpu"), form="blockmask")
+
+
+@pytest.mark.skipif(not ON_GPU, reason="fp8 Flex runs on CUDA only")
+@pytest.mark.parametrize("name", ["causal", "causal_document", "prefix_lm_causal"])
+def test_fp8_forward_matches_the_reference_on_its_rounded_inputs(flex, name):
+    """e4m3 q, k, v and output: within the fp8 tolerance (8%) of the float32 reference on the same
+    rounded inputs, and a shifted mask is far outside it."""
+    mask = build_mask(name, S, small_params(name))
+    q, k, v = (x.to(DEVICE, torch.float8_e4m3fn) for x in inputs())
+    prepared = flex.prepare(mask, batch=B, heads_q=HQ, heads_kv=HKV, head_dim=D, dtype=torch.float8_e4m3fn,
+                            device=DEVICE, form="blockmask", grad=False)
+    with torch.no_grad():
+        out = prepared.call(*(x.transpose(1, 2).contiguous() for x in (q, k, v)))
+    assert out.dtype == torch.float8_e4m3fn
+    ref = reference_attention(q.float(), k.float(), v.float(), dense_mask_tensor(mask, DEVICE))
+    assert relative_error(out.transpose(1, 2), ref) < 8e-2
+    wrong = reference_attention(q.float(), k.float(), v.float(), dense_mask_tensor(mask, DEVICE).roll(1, -1))
+    assert relative_error(out.transpose(1, 2), wrong) > 8e-2

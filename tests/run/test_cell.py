@@ -1,5 +1,7 @@
 """One cell end to end on the CPU: rows, correctness gate, peak gate, unsupported reasons."""
 
+import json
+
 import pytest
 
 from longca.run.cell import run_cell
@@ -7,7 +9,7 @@ from longca.spec.cells import expand
 from longca.spec.load import load_spec
 
 
-def spec(kernels, masks="[full, causal]", extra="", passes="[bwd]",
+def spec(kernels, masks="[full, causal]", extra="", passes="[bwd]", dtypes="[float32]",
          repeat="warmup: 1, iters: 3, min_iters: 1, budget_s: 0.2, l2_flush: false", check="max_seqlen: 256"):
     return load_spec(text=f"""
 name: t
@@ -20,7 +22,7 @@ masks: {masks}
 seqlens: [192]
 heads: ["2:1"]
 head_dims: [16]
-dtypes: [float32]
+dtypes: {dtypes}
 passes: {passes}
 {extra}
 sweeps: [{{name: s}}]
@@ -298,3 +300,74 @@ def test_masks_drawn_from_the_inputs_are_not_kept(monkeypatch):
         (row,) = run_cell(c)
         assert row["status"] == "ok" and row["mask_build_s"] > 0
     assert cell_mod._mask_cache == {}
+
+
+class _UpcastFp8:
+    """Test kernel: takes e4m3 inputs and computes in float32 on exactly the rounded values (what fp8
+    tensor cores multiply), returning float32: exact up to float32 against a reference on the same
+    rounded inputs, about 5% off one on the unrounded draws."""
+
+    name = "test_fp8_upcast"
+    layout = "bhsd"
+    description = "test kernel: fp8 inputs computed in float32"
+
+    def __init__(self):
+        from longca.kernels.adapters.naive import NaiveAttention
+        from longca.kernels.base import Capabilities
+
+        self.caps = Capabilities(mask_forms=frozenset({"full", "dense"}), dtypes=frozenset({"float8_e4m3fn"}),
+                                 devices=frozenset({"cpu"}), backward_dtypes=frozenset())
+        self._naive = NaiveAttention()
+
+    def prepare(self, mask, **kw):
+        import torch
+
+        from longca.kernels.base import Prepared
+
+        assert kw["dtype"] == torch.float8_e4m3fn
+        good = self._naive.prepare(mask, **{**kw, "dtype": torch.float32})
+        return Prepared(call=lambda q, k, v: good.call(q.float(), k.float(), v.float()), layout=self.layout,
+                        info={"backend": "test"})
+
+
+@pytest.fixture
+def fp8_kernel(monkeypatch):
+    from longca.kernels import registry
+
+    monkeypatch.setitem(registry.KERNELS, "test_fp8_upcast", _UpcastFp8())
+
+
+def test_fp8_cells_are_checked_against_the_reference_on_their_rounded_inputs(fp8_kernel, monkeypatch):
+    from longca.measure.reference_cache import ReferenceCache
+    from longca.run import cell as cell_mod
+
+    def fresh():
+        monkeypatch.setattr(cell_mod, "_check_cache", {})
+        monkeypatch.setattr(cell_mod, "_reference_cache", ReferenceCache())
+
+    fresh()
+    fwd, bwd = expand(spec("[test_fp8_upcast]", masks="[causal]", dtypes="[fp8]", passes="[fwd, bwd]"))
+    assert fwd.dtype == bwd.dtype == "float8_e4m3fn" and json.loads(fwd.check)["tolerance"]["float8_e4m3fn"] == 0.08
+    (row,) = run_cell(fwd)
+    assert row["status"] == "ok", row["reason"]
+    assert row["rel_err_out"] < 1e-6 and row["dtype"] == "float8_e4m3fn"
+    (row,) = run_cell(bwd)
+    assert row["status"] == "unsupported" and row["reason"].startswith("no backward in float8_e4m3fn")
+    # against the unrounded draws, the same exact kernel is several percent off: the rounding, not the kernel
+    fresh()
+    monkeypatch.setattr(cell_mod, "ROUNDED_REFERENCE_DTYPES", frozenset())
+    off = cell_mod.check_correctness(fwd, cell_mod.torch.device("cpu"))["rel_err_out"]
+    assert 1e-2 < off < 1e-1
+
+
+def test_fp8_inputs_are_unscaled_normal_draws_rounded_to_e4m3():
+    import torch
+
+    from longca.run.cell import _make_inputs
+
+    cell = expand(spec("[naive]", passes="[fwd]"))[0]
+    q, k, v, do = _make_inputs(cell, 192, "bhsd", torch.device("cpu"), torch.float8_e4m3fn, 7, False)
+    assert {x.dtype for x in (q, k, v, do)} == {torch.float8_e4m3fn}
+    (q32, *_), = [_make_inputs(cell, 192, "bhsd", torch.device("cpu"), torch.float32, 7, False)]
+    assert torch.equal(q.float(), q32.to(torch.float8_e4m3fn).float())  # the same draws, rounded
+    assert 0.9 < q.float().std() < 1.1 and not q.requires_grad

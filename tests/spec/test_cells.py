@@ -192,12 +192,13 @@ def test_a_published_spec_measures_each_configuration_once(name):
     assert [k for k, n in seen.items() if n > 1] == []
 
 
-def test_h200_shape_study_adds_head_dims_and_fp16_under_the_dense_protocol():
+def test_h200_shape_study_adds_head_dims_fp16_and_fp8_under_the_dense_protocol():
     cells = expand(load_spec(ROOT / "specs" / "h200.yaml"))
     dense_repeat = {c.repeat for c in cells if c.sweep == "dense"}
     shapes = [c for c in cells if c.sweep == "shapes"]
     assert {c.repeat for c in shapes} == dense_repeat
-    assert {(c.head_dim, c.dtype) for c in shapes} == {(64, "bfloat16"), (256, "bfloat16"), (128, "float16")}
+    assert {(c.head_dim, c.dtype) for c in shapes} == {(64, "bfloat16"), (256, "bfloat16"), (128, "float16"),
+                                                       *((d, "float8_e4m3fn") for d in (64, 128, 256))}
     assert {c.seqlen for c in shapes} == {4096, 16384} and {(c.heads_q, c.heads_kv) for c in shapes} == {(64, 8)}
     # the D=128 bf16 comparison point is the dense sweep's own cell, at both lengths
     for length in (4096, 16384):
@@ -212,3 +213,23 @@ def test_warmup_budget_is_part_of_the_digest_only_where_set():
     cp_after = {c.id.rsplit("@", 1)[0]: c for c in after if c.sweep == "cp"}
     assert cp_before.keys() == cp_after.keys()
     assert all(cp_after[k].digest != d and dict(cp_after[k].repeat)["warmup_s"] == 0.5 for k, d in cp_before.items())
+
+
+def test_a_late_dtype_tolerance_joins_only_its_own_cells():
+    """fp8's default tolerance came after the first sweeps: adding fp8 to a spec leaves every other
+    cell's digest (its file name) as it was, and only the fp8 cells carry the new entry."""
+    import json
+
+    from longca.spec.load import LATE_TOLERANCES
+
+    before = expand(load_spec(text=SPEC))
+    after = expand(load_spec(text=SPEC.replace("dtypes: [float32, bf16]", "dtypes: [float32, bf16, fp8]")))
+    fp8 = [c for c in after if c.dtype == "float8_e4m3fn"]
+    # the dense sweep's cells once more in fp8 (the cp sweep sets its own dtype)
+    assert len(after) == len(before) + len(fp8) and len(fp8) == sum(c.sweep == "dense" for c in before) // 2 == 24
+    assert {c.digest for c in before} == {c.digest for c in after if c.dtype != "float8_e4m3fn"}
+    assert all(json.loads(c.check)["tolerance"]["float8_e4m3fn"] == LATE_TOLERANCES["float8_e4m3fn"] for c in fp8)
+    assert not any("float8_e4m3fn" in json.loads(c.check)["tolerance"] for c in after if c.dtype != "float8_e4m3fn")
+    own = expand(load_spec(text=SPEC.replace("dtypes: [float32, bf16]", "dtypes: [fp8]")
+                           + "check: {tolerance: {float8_e4m3fn: 0.05}}\n"))
+    assert {json.loads(c.check)["tolerance"]["float8_e4m3fn"] for c in own if c.dtype == "float8_e4m3fn"} == {0.05}

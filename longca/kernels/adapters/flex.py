@@ -20,8 +20,9 @@ default tiles (64, 128, 128, 64) divide the block, so a cell with gradients gets
 forward-only cell its own block (`grad` in prepare, `grad_changes_form` for the check).
 
 Limits: FlexAttention has no backward on CPU (the call raises Unsupported for inputs that need
-grad, so such cells are `unsupported`), and on CPU takes
-float32/float16/bfloat16 only. On sm90 the Triton templates' default tiles cover head dims up to
+grad, so such cells are `unsupported`), and on CPU takes float32/float16/bfloat16 only. fp8
+(float8_e4m3fn) runs forward only, on CUDA: q, k, v and the output in e4m3, softmax statistics in
+float32 inside the kernel. On sm90 the Triton templates' default tiles cover head dims up to
 256; head dim 256 backward is the first to run out of shared memory if anything does (see
 notes/kernels.md for what the H200 run showed).
 """
@@ -44,6 +45,7 @@ BLOCK_SIZE = 128
 RECOMPILE_LIMIT = 4096
 
 _compiled = None
+CPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def raise_recompile_limits() -> None:
@@ -144,11 +146,15 @@ class FlexAttention:
                    "slices, block size 128 (a uniform block-sparse layout's own block when 128 does not divide it)")
     caps = Capabilities(
         mask_forms=frozenset({"blockmask"}),
-        dtypes=frozenset({"float32", "float16", "bfloat16"}),
+        # fp8 (e4m3, forward only, CUDA only): Flex's Triton template takes fp8 q, k, v and returns
+        # fp8; on the H200 (torch 2.11) it ran at 1.3-2.8x its bf16 rate, while the backward's
+        # Inductor kernel failed to compile ('llvm.fmul' on i8) at head dims 64-256 (call 59)
+        dtypes=frozenset({"float32", "float16", "bfloat16", "float8_e4m3fn"}),
         devices=frozenset({"cpu", "cuda"}),
         head_dims=None,
         gqa=True,
         backward=True,  # CUDA only: on CPU the call raises Unsupported for inputs that need grad
+        backward_dtypes=frozenset({"float32", "float16", "bfloat16"}),
         # benchmarks/flex_retained_graph.py on the H200 (torch 2.11, call 32): 3 backwards on one
         # retained graph give gradients bitwise equal to a fresh forward + backward's (4 masks, 4K).
         # The first session's runner saw errors with it (9bbde11, calls 1 and 3; their text was not
@@ -171,6 +177,9 @@ class FlexAttention:
         from longca.masks.flex import to_block_mask
 
         device = torch.device(device)
+        if device.type == "cpu" and dtype not in CPU_DTYPES:
+            raise Unsupported(f"FlexAttention on CPU takes {sorted(str(d) for d in CPU_DTYPES)}, not {dtype} "
+                              f"(torch's CPU lowering refuses it)")
         t0 = time.perf_counter()
         block_size = block_size_for(mask, grad, head_dim, dtype, device)
         options = kernel_options_for(block_size)
