@@ -34,6 +34,7 @@
 #                       FIDELITY_ARGS="--spec specs/h200.yaml --sweep dense" times longca under that
 #                       sweep's protocol (default: 5 warm-up and 20 timed calls)
 #     sparse_long       the sparse_long sweep (256K, 512K), Triton first, then Flex (no FA4 needed)
+#     long_fp8          Flex's fp8 forward at 64K-512K (the long_fp8 sweep; no FA4 needed)
 #     baselines         the dense_baselines sweep, sharded over the GPUs (no FA4 needed)
 #     long_rest         the long sweep's other kernels, FA4 first, then cuDNN, then the rest,
 #                       sharded over the GPUs (FA4 needed)
@@ -266,6 +267,9 @@ case "$1" in
   sparse_long)  # block-sparse at 256K and 512K, Triton first, then Flex
     sharded sparse-long "--spec specs/h200.yaml --sweep sparse_long --only kernel=triton_block_sparse ${RETRY:-}" \
       "--spec specs/h200.yaml --sweep sparse_long --only kernel=flex ${RETRY:-}"
+    cleanup ;;
+  long_fp8)  # Flex's fp8 forward at 64K-512K (no FA4 needed)
+    sharded long-fp8 "--spec specs/h200.yaml --sweep long_fp8 ${RETRY:-}"
     cleanup ;;
   baselines)  # the dense_baselines sweep (naive, SDPA math and efficient, 1K-16K)
     sharded baselines "--spec specs/h200.yaml --sweep dense_baselines ${RETRY:-}"
