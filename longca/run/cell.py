@@ -192,6 +192,16 @@ def _tolerance(cell: Cell) -> tuple[float, float]:
     return out_tol, out_tol * float(tol.get("grad_factor", 3.0))
 
 
+def checks_gradients(kernel: Any, cell: Cell, device: torch.device) -> bool:
+    """Whether the check compares gradients too. On a GPU a forward cell's check does (one check with
+    gradients serves the fwd, bwd and fwd_bwd cells of the same shape), but never in a dtype the
+    kernel's backward does not take: Flex's fp8 backward fails to compile, and trying it cost every
+    fp8 check an Inductor compile (call 60)."""
+    caps = kernel.caps
+    return (caps.backward and (caps.backward_dtypes is None or cell.dtype in caps.backward_dtypes)
+            and (cell.pass_ != "fwd" or device.type == "cuda") and backward_refusal(kernel, device) is None)
+
+
 def check_correctness(cell: Cell, device: torch.device) -> dict[str, Any]:
     """Compare the kernel with a float64 (CPU) / float32 (GPU) reference on the same inputs.
 
@@ -201,9 +211,7 @@ def check_correctness(cell: Cell, device: torch.device) -> dict[str, Any]:
     """
     kernel = registry.get(cell.kernel)
     check_len = min(cell.seqlen, int(cell.check_dict["max_seqlen"]))
-    # One check with gradients serves the fwd, bwd and fwd_bwd cells of the same shape.
-    grads = (kernel.caps.backward and (cell.pass_ != "fwd" or device.type == "cuda")
-             and backward_refusal(kernel, device) is None)
+    grads = checks_gradients(kernel, cell, device)
     dtype = DTYPES[cell.dtype]
     ref_dtype = torch.float64 if device.type == "cpu" else torch.float32
 
