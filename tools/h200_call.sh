@@ -35,6 +35,7 @@
 #                       sweep's protocol (default: 5 warm-up and 20 timed calls)
 #     sparse_long       the sparse_long sweep (256K, 512K), Triton first, then Flex (no FA4 needed)
 #     long_fp8          Flex's fp8 forward at 64K-512K (the long_fp8 sweep; no FA4 needed)
+#     sparse_fp8        fp8 block-sparse forwards, Triton then Flex (the sparse_fp8 sweep)
 #     baselines         the dense_baselines sweep, sharded over the GPUs (no FA4 needed)
 #     long_rest         the long sweep's other kernels, FA4 first, then cuDNN, then the rest,
 #                       sharded over the GPUs (FA4 needed)
@@ -267,6 +268,10 @@ case "$1" in
   sparse_long)  # block-sparse at 256K and 512K, Triton first, then Flex
     sharded sparse-long "--spec specs/h200.yaml --sweep sparse_long --only kernel=triton_block_sparse ${RETRY:-}" \
       "--spec specs/h200.yaml --sweep sparse_long --only kernel=flex ${RETRY:-}"
+    cleanup ;;
+  sparse_fp8)  # fp8 block-sparse forwards: Triton first, then Flex (no FA4 needed)
+    sharded sparse-fp8 "--spec specs/h200.yaml --sweep sparse_fp8 --only kernel=triton_block_sparse ${RETRY:-}" \
+      "--spec specs/h200.yaml --sweep sparse_fp8 --only kernel=flex ${RETRY:-}"
     cleanup ;;
   long_fp8)  # Flex's fp8 forward at 64K-512K (no FA4 needed)
     sharded long-fp8 "--spec specs/h200.yaml --sweep long_fp8 ${RETRY:-}"

@@ -2,7 +2,9 @@
 
 Takes the mask's BlockLayout (uniform or variable blocks, per-KV-head kept lists) as CSR index
 tables built in prepare() (timed as build_s); Triton compiles on the first call (the warm-up).
-Forward and backward; GQA by indexing the KV head inside the kernels (no K/V repeat).
+Forward and backward; GQA by indexing the KV head inside the kernels (no K/V repeat). fp8 (e4m3)
+runs the same forward kernels on e4m3 q, k, v (output e4m3, softmax statistics in float32); the
+backward takes 16-bit inputs only.
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ class TritonBlockSparse:
     description = "longca Triton block-sparse attention (FA2-style fwd+bwd, CSR block lists, GQA)"
     caps = Capabilities(
         mask_forms=frozenset({"block_sparse"}),
-        dtypes=frozenset({"bfloat16", "float16"}),
+        dtypes=frozenset({"bfloat16", "float16", "float8_e4m3fn"}),
         devices=frozenset({"cuda"}),
         head_dims=frozenset({64, 128, 256}),
         gqa=True,
         backward=True,
+        backward_dtypes=frozenset({"bfloat16", "float16"}),
         min_compute_capability=(8, 0),
         package="triton",
     )
