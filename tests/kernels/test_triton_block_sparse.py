@@ -376,3 +376,18 @@ def test_fp8_is_forward_only_in_the_adapter():
     assert static_unsupported_reason(caps, pass_="fwd", **kw) is None
     assert static_unsupported_reason(caps, pass_="bwd", **kw).startswith("no backward in float8_e4m3fn")
 
+
+
+def test_fp8_takes_the_pointer_forward_where_the_tuned_config_is_a_tma_one():
+    """The tuned block-128 config runs the TMA forward, which Triton 3.6 cannot compile for e4m3 on
+    the H200 (call 64); fp8 cells get the pointer kernel with the same tiles, and the row says so."""
+    from longca.kernels.registry import get
+    from longca.kernels.triton_sparse.configs import default_config
+
+    layout = BlockLayout(np.arange(3) * 128, np.arange(3) * 128, np.ones((1, 2, 2), bool), 128)
+    assert default_config(128, 128).fwd_kernel == "tma_ws"
+    kw = dict(batch=1, heads_q=2, heads_kv=1, head_dim=128, device="cpu", form="block_sparse")
+    fp8 = get("triton_block_sparse").prepare(_mask(layout), dtype=torch.float8_e4m3fn, **kw).info["backend"]
+    bf16 = get("triton_block_sparse").prepare(_mask(layout), dtype=torch.bfloat16, **kw).info["backend"]
+    assert bf16.endswith(";fwd_kernel=tma_ws") and "fwd_kernel" not in fp8
+    assert fp8 == bf16.removesuffix(";fwd_kernel=tma_ws")

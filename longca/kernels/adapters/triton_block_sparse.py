@@ -10,6 +10,7 @@ backward takes 16-bit inputs only.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import torch
 
@@ -48,7 +49,12 @@ class TritonBlockSparse:
             raise ValueError(f"mask has {mask.blocks.heads} KV heads; cell has {heads_q}:{heads_kv}")
         device = torch.device(device)
         t0 = time.perf_counter()
-        plan = build_plan(mask.blocks, device, config or default_config(head_dim, mask.blocks.uniform_block))
+        config = config or default_config(head_dim, mask.blocks.uniform_block)
+        if dtype.itemsize == 1 and config.fwd_kernel != "ptr":
+            # Triton 3.6 fails to compile the TMA forwards for e4m3 on the H200 ("PassManager::run
+            # failed" at the TMA kernel, call 64); the pointer kernel compiles and checks correct
+            config = replace(config, fwd_kernel="ptr")
+        plan = build_plan(mask.blocks, device, config)
         sync(device)
         build_s = time.perf_counter() - t0
 
