@@ -219,17 +219,15 @@ fa4_sweep() {  # sweep $1 of specs/h200.yaml, one `longca run` per GPU; without 
   # recorded `unsupported: not installed`
   local only="" planned=""
   if [ ! -f .bundles/fa4.tar.xz ]; then
-    only=$(python3 -c 'import sys
-from longca.spec.load import load_spec
-sw = next(w for w in load_spec("specs/h200.yaml").sweeps if w.name == sys.argv[1])
-print(" ".join(f"--only kernel={k}" for k in sw.kernels if k != "fa4"))' "$1")
-    echo "stage $1: no .bundles (FA4), so FA4's cells are left missing: $only" | tee -a "$logs/$1-0.log"
-    # but not those FA4 is planned never to run (a dtype it does not take): their rows need no FA4
-    planned=$(python3 -c 'import sys
+    # line 1: the sweep's other kernels; line 2: the dtypes FA4 is planned never to run (it does
+    # not take them), whose rows need no FA4
+    { read -r only; read -r planned; } < <(python3 -c 'import sys
 from longca.kernels.registry import get
 from longca.spec.load import load_spec
 sw = next(w for w in load_spec("specs/h200.yaml").sweeps if w.name == sys.argv[1])
+print(" ".join(f"--only kernel={k}" for k in sw.kernels if k != "fa4"))
 print(" ".join(f"--only dtype={d}" for d in sw.dtypes if d not in get("fa4").caps.dtypes))' "$1")
+    echo "stage $1: no .bundles (FA4), so FA4's cells are left missing: $only" | tee -a "$logs/$1-0.log"
   fi
   sharded "$1" "--spec specs/h200.yaml --sweep $1 $only ${RETRY:-}"
   if [ -n "$planned" ]; then

@@ -210,6 +210,7 @@ def expand(spec: Spec) -> list[Cell]:
     """Every cell of the spec, in a stable order (cheap cells first within each sweep)."""
     cells: list[Cell] = []
     check = json.dumps(spec.check, sort_keys=True)
+    late_checks = {dtype: _check_for(spec.check, dtype) for dtype in LATE_TOLERANCES}
     for sw in spec.sweeps:
         repeat = tuple(sorted(sw.repeat.items()))
         cp_variants: list[tuple[int, str | None, tuple, str | None, str | None]] = [(1, None, (), None, None)]
@@ -232,7 +233,7 @@ def expand(spec: Spec) -> list[Cell]:
                 spec=spec.name, sweep=sw.name, kernel=kernel, mask=mask.name, mask_params=mask.params,
                 seqlen=seqlen, heads_q=hq, heads_kv=hkv, head_dim=d, dtype=dtype, pass_=p, batch=b,
                 device=spec.device, seed=spec.seed, samples=_samples(sw, mask), repeat=repeat,
-                check=_check_for(spec.check, dtype) if dtype in LATE_TOLERANCES else check,
+                check=late_checks.get(dtype, check),
                 timeout_s=sw.timeout_s, world_size=world, cp_mechanism=mech, cp_degrees=degrees,
                 cp_balance=resolve_balance(balance, mask.name, degrees) if mech else None,
                 cp_backend=resolve_backend(backend, spec.device) if mech else None,
