@@ -16,7 +16,7 @@ rank's output is checked against the float32 reference at `--check-seqlen` total
 (out, LSE) of the rank's forward, and the float32 accumulation of its gradients (what `ring_bwd`
 computes between transfers); the check then compares every rank's dq and the summed dk, dv with the
 reference gradients. `--also-autograd` times the same steps through `bwd_by_autograd` (the step's
-forward run again under autograd: the CP Flex backward before longca.cp.flex_backward) beside it.
+forward run again under autograd: the CP Flex backward before longca.kernels.flex_backward) beside it.
 The single-device baseline is then the kernel's backward alone (a fresh untimed forward before each
 timed backward, as the sweeps' default protocol).
 
@@ -34,7 +34,7 @@ import traceback
 import torch
 
 from longca.cp.comm import LocalComm
-from longca.cp.local import get_local
+from longca.kernels.registry import rank_kernel
 from longca.cp.mechanisms import build_plan, cp_attention
 from longca.cp.reference import reference_attention, rel_err
 from longca.cp.sharding import make_sharding
@@ -170,7 +170,7 @@ def measure(mask_name, world, per_gpu, hq, hk, d, dtype, kernel, device, mechani
 def measure_bwd(mask_name, world, per_gpu, hq, hk, d, dtype, kernel, device, mechanism, timer, rep,
                 also_autograd: bool) -> dict:
     """Per rank: its local backward (steps' bwd on the combined out/LSE, accumulation) timed."""
-    from longca.cp.local import bwd_by_autograd
+    from longca.kernels.rank import bwd_by_autograd
 
     s = world * per_gpu
     mask = build_mask(mask_name, s)
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heads", nargs="+", default=["64:8", "64:64"])
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--kernel", default="sdpa_cudnn", help="the per-rank local kernel (longca.cp.local)")
+    ap.add_argument("--kernel", default="sdpa_cudnn", help="the per-rank local kernel (longca.kernels.rank)")
     ap.add_argument("--single", default="sdpa_cudnn",
                     help="the single-device kernel (longca.kernels); 'none' skips it (compare with sweep rows)")
     ap.add_argument("--mechanism", default="ring_p2p", choices=["ring_p2p", "ring_allgather"])
@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --pass bwd: also time the steps through bwd_by_autograd (forward run again)")
     args = ap.parse_args(argv)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
-    kernel = get_local(args.kernel)
+    kernel = rank_kernel(args.kernel)
     timer = timer_for(device, l2_flush=device.type == "cuda")
     rep = {"warmup": 3, "iters": args.iters, "min_iters": 5, "budget_s": 3.0}
     rows = []

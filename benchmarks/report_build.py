@@ -3,7 +3,7 @@
 The rows are the report tests' synthetic fixtures (tests/report/report_rows.py), scaled up: 12 masks,
 5 kernels, 8 lengths, 2 head dims, sampled document masks, sparse, CP and linear rows. Prints the
 row count, chart count, wall and CPU seconds (CPU includes the export worker processes; on a
-shared, loaded box the CPU figure is the honest one) and the build's stage timings as JSON; record the result in notes/report.md.
+shared, loaded box the CPU figure is the honest one) and the build's stage timings as JSON; record the result in docs/report.md.
 
     python benchmarks/report_build.py [--rows 20000] [--out /tmp/longca-bench-report] [--cold]
 """

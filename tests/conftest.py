@@ -41,7 +41,8 @@ def stopped_chunk(tmp_path):
 
     def run(spec, outputs, results, ready, env=None, settle_s=0.0, ready_s=90.0):
         code = (f"from longca.run.chunk import run_chunk; "
-                f"run_chunk({str(spec)!r}, {[str(o) for o in outputs]!r}, {str(results)!r})")
+                f"from longca.spec.load import load_spec; "
+                f"run_chunk(load_spec({str(spec)!r}), {[str(o) for o in outputs]!r}, {str(results)!r})")
         err_path = tmp_path / "stderr.txt"
         with open(err_path, "w") as err_file:
             proc = subprocess.Popen([sys.executable, "-c", code], env=env or dict(os.environ), stderr=err_file)

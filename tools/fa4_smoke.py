@@ -1,7 +1,7 @@
 """Run each FlashAttention-4 form once at a small size and print OK / error per form.
 
 For a first GPU call: unpack the FA4 bundle made by the project's pack script (see
-notes/kernels.md), put it on PYTHONPATH, then
+docs/kernels.md), put it on PYTHONPATH, then
 
     PYTHONPATH=$FA4:$FA4/nvidia_cutlass_dsl/dsl_packages:. python tools/fa4_smoke.py
 

@@ -1,13 +1,13 @@
 """A sweep's efficiency over the calls that ran it: summed timed kernel time over summed process wall.
 
-Issue 4's goal reads "summed timed kernel time over the sweep's wall time". Cell walls alone miss
+The sweep-efficiency goal reads "summed timed kernel time over the sweep's wall time". Cell walls alone miss
 process start-up, imports and scheduling, so the denominator here is the wall of every `longca run`
-process that worked on the sweep, as tools/h200_call.sh logs it (`process wall S s: ARGS`, one line
+process that worked on the sweep, as tools/gpu-host.sh logs it (`process wall S s: ARGS`, one line
 per process, in each call's logs folder, plain or gzipped). The numerator is every timed sample of
 the sweep's current cells (the spec's digests: rows of superseded protocols are left out).
 
     python3 tools/sweep_efficiency.py --spec specs/h200.yaml --sweep dense \
-        --rows results/h200/all.parquet --logs results/h200/logs/call36 results/h200/logs/call37 ...
+        --rows results/h200/all.parquet --logs LOGS_OF_EACH_CALL ...
 
 A process killed at a call's limit counts its whole wall and only the cells it finished: the ratio
 can only be understated by it. The spec's cells still missing are reported, since a partial sweep's

@@ -35,7 +35,7 @@ def _plan(args: argparse.Namespace) -> int:
     if args.json:
         for c in chosen:
             print(json.dumps({"id": c.id, "output": c.output(args.results),
-                              "unsupported": planned_unsupported(c) if c.cp_mechanism is None else None}))
+                              "unsupported": planned_unsupported(c)}))
         return 0
     recorded = _digests(args.rows)
     wanted = {c.digest for c in chosen}

@@ -25,13 +25,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--title", help="site title (default: 'longca: <spec>')")
     p.add_argument("--peers", metavar="CSV", help="published figures to overlay (default: longca's own peers.csv)")
     p.add_argument("--no-png", action="store_true", help="skip PNG exports (SVG, spec and CSV are still written)")
+    p.add_argument("--no-exports", action="store_true",
+                   help="write no charts/ folder (SVG, PNG, spec and CSV per chart): the pages offer the same "
+                        "downloads from the drawn charts; for published reports, whose size matters")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from longca.report import build_report  # heavy imports (altair, vl-convert) only when used
 
-    built = build_report(args.data, args.out, spec=args.spec, title=args.title, png=not args.no_png,
+    built = build_report(args.data, args.out, spec=args.spec, title=args.title, png=not args.no_png, static_exports=not args.no_exports,
                          peers_path=args.peers, probe=args.probe, fidelity_checks=args.fidelity,
                          cp_local_runs=args.cp_local)
     print(f"wrote {len(built.pages)} pages and {len(built.charts)} charts to {built.out} "

@@ -29,9 +29,9 @@ def _run(args: argparse.Namespace) -> int:
     from longca.spec.load import load_spec
     from longca.spec.select import check_selection, selector
 
+    spec = load_spec(args.spec)  # once per process: every chunk below runs from this spec and its cells
     if args.outputs:
-        return run_chunk(args.spec, args.outputs, args.results, args.launcher)
-    spec = load_spec(args.spec)
+        return run_chunk(spec, args.outputs, args.results, args.launcher)
     cells, jobs = plan_jobs(spec, args.results, retry=frozenset(args.retry))
     check_selection(spec.name, cells, args.sweep, args.only)
     if args.shard:
@@ -52,7 +52,7 @@ def _run(args: argparse.Namespace) -> int:
             pairs = [(c, o) for c, o in pairs if _config_index(c) % n == i]
         outputs = [o for _, o in pairs]
         if outputs:
-            run_chunk(args.spec, outputs, args.results, args.launcher)
+            run_chunk(spec, outputs, args.results, args.launcher, cells=cells)
     return 0
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 
 from longca.cp.comm import Comm
-from longca.cp.local import acc_dtype
-from longca.cp.lse import Part, combine_parts, fold, parts_of
+from longca.kernels.rank import acc_dtype
+from longca.kernels.lse import Part, combine_parts, fold, parts_of
 from longca.cp.topology import Topology
 
 

@@ -33,7 +33,8 @@ import torch
 
 from longca.cp import allgather, ring, ulysses
 from longca.cp.comm import Comm
-from longca.cp.local import SubMask, Unsupported
+from longca.kernels.base import Unsupported
+from longca.kernels.rank import SubMask
 from longca.cp.sharding import Sharding
 from longca.cp.submask import layout_step_areas, layouts_of_groups, sub_layout, sub_mask
 from longca.cp.topology import Topology
@@ -168,7 +169,7 @@ def build_plan(mechanism: str, degrees: dict[str, int] | None, slices: np.ndarra
 
 def _check_blocks(blocks: BlockLayout, kernel: Any, sharding: Sharding, heads_kv: int) -> None:
     if not hasattr(kernel, "prepare_blocks"):
-        raise Unsupported(f"local_kernel {kernel.name!r} takes slice masks only; block-sparse masks need "
+        raise Unsupported(f"kernel {kernel.name!r} takes slice masks only as a CP per-rank kernel; block-sparse masks need "
                           f"naive, flex or triton_block_sparse")
     if blocks.heads != heads_kv:  # never reuse one head's layout for another
         raise ValueError(f"the block-sparse mask has layouts for {blocks.heads} KV heads but heads_kv={heads_kv}; "

@@ -3,7 +3,7 @@
 KV travels around the ring while each rank attends its local queries to the KV it holds; the
 partial results are combined by LSE. The backward passes KV again, with a dK/dV accumulator that
 travels with it and returns to the KV's owner after a full turn; dQ stays local. Per-step
-gradients use the global out/LSE (see longca.cp.local), so no autograd runs through collectives.
+gradients use the global out/LSE (see longca.kernels.rank), so no autograd runs through collectives.
 
 One engine serves both Ring P2P (one window: a plain ring) and LoongTrain's double ring
 (`windows` > 1): KV first rotates inside a window of c = ring / windows participants (inner
@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 
 from longca.cp.comm import Comm
-from longca.cp.local import acc_dtype
-from longca.cp.lse import Part, combine_parts, fold, parts_of
+from longca.kernels.rank import acc_dtype
+from longca.kernels.lse import Part, combine_parts, fold, parts_of
 from longca.cp.topology import Topology
 
 
@@ -41,7 +41,7 @@ def _schedule(topo: Topology):
 def ring_fwd(q, k, v, subs, kernel, topo: Topology, comm: Comm):
     """(out, lse) of local q against every participant's KV; subs[j] is the sub-mask vs participant j.
     out comes in q's dtype, lse in float32 (float64 for float64 inputs). Each step's result waits
-    as parts in the kernel's dtype and is combined once at the end (longca.cp.lse.combine_parts)."""
+    as parts in the kernel's dtype and is combined once at the end (longca.kernels.lse.combine_parts)."""
     c, n_w, i_next, i_prev, o_next, o_prev, source = _schedule(topo)
     b, h, sq, _ = q.shape
     shape, a = (b, h, sq, v.shape[-1]), acc_dtype(q.dtype)

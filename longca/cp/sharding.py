@@ -12,7 +12,7 @@ same number of tokens (collectives exchange equal-sized buffers). Three policies
               chunks are kept in sequence order and adjacent ones merged. By default the
               fewest chunks per rank (4, 8, 16 or 32, chunks of at least MIN_CHUNK tokens) that
               bring the busiest rank within BALANCE_TOL of the mean: 4 per rank left ranks 6-8%
-              above the mean at 256K for the document masks (measured on one H200, call 57), 16
+              above the mean at 256K for the document masks (measured on one H200, 2026-12-02), 16
               bring them within 1%; more chunks mean more pieces per rank, so no more than needed.
 """
 

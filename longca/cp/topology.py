@@ -26,10 +26,6 @@ def _group(ranks: list[int]):
     return _GROUPS[key]
 
 
-def clear_groups() -> None:
-    _GROUPS.clear()
-
-
 @dataclass
 class Topology:
     world: int

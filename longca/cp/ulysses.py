@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from longca.cp.comm import Comm
-from longca.cp.local import Unsupported
+from longca.kernels.base import Unsupported
 
 
 def kv_replication(heads_q: int, heads_kv: int, u: int) -> int:

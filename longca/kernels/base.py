@@ -17,6 +17,7 @@ import torch
 
 from longca.masks.blocks import BlockLayout
 from longca.masks.mask import Mask
+from longca.vocab import DTYPE_MIN_COMPUTE_CAPABILITY, Dtype, Pass, torch_dtype
 
 # Mask forms: how a kernel can be told which pairs to attend. A mask offers a subset
 # (longca.masks.forms.forms_of); a kernel accepts a subset; the planner intersects them.
@@ -31,11 +32,21 @@ MASK_FORMS = (
     "block_sparse",  # block-level kept-block lists (per KV head)
 )
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64,
-          "float8_e4m3fn": torch.float8_e4m3fn}
-# fp8 tensor cores exist from Ada/Hopper (sm89) on: a hardware fact, whatever the kernel declares.
-DTYPE_MIN_COMPUTE_CAPABILITY = {"float8_e4m3fn": (8, 9)}
-PASSES = ("fwd", "bwd", "fwd_bwd")
+DTYPES: dict[str, torch.dtype] = {d.value: torch_dtype(d) for d in Dtype}
+
+
+@dataclass(frozen=True)
+class RankCapabilities:
+    """What a kernel can do as a context-parallel per-rank kernel: its `rank_kernel()` object
+    (longca.kernels.rank) returns the LSE with its output, and its backward takes the combined
+    output and LSE, so each ring step's gradient is its exact share. Checked at validation and
+    planning, before any process starts."""
+
+    devices: frozenset[str]
+    dtypes: frozenset[str]
+    slice_kinds: frozenset[int] | None = None  # slice kinds of the sub-masks it takes (None: all; empty: none)
+    block_sparse: bool = False  # takes a step's block lists (block-sparse masks)
+    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -62,6 +73,8 @@ class Capabilities:
     # with `repeat.backward: retained_graph`. False for a kernel whose backward frees what its forward
     # saved (compiled graphs with donated buffers do). benchmarks/flex_retained_graph.py checks it.
     retained_backward: bool = True
+    # Context parallelism: None when the kernel cannot serve as a per-rank kernel
+    cp: RankCapabilities | None = None
 
     def __post_init__(self) -> None:
         unknown = set(self.mask_forms) - set(MASK_FORMS)
@@ -156,15 +169,6 @@ def package_available(name: str | None) -> bool:
         return False
 
 
-def to_layout(x: torch.Tensor, src: str, dst: str) -> torch.Tensor:
-    """Convert between "bshd" and "bhsd" (both 4-d)."""
-    if src == dst:
-        return x
-    if {src, dst} == {"bshd", "bhsd"}:
-        return x.transpose(1, 2)
-    raise ValueError(f"cannot convert layout {src} -> {dst}")
-
-
 class Unsupported(Exception):
     """Raised by an adapter for a combination it cannot run; the row becomes `unsupported`."""
 
@@ -186,13 +190,30 @@ def static_unsupported_reason(caps: Capabilities, *, mask_name: str, mask_forms:
         return f"head dim {head_dim} not supported (supports {sorted(caps.head_dims)})"
     if heads_q != heads_kv and not caps.gqa:
         return "GQA (heads_q != heads_kv) not supported"
-    if pass_ != "fwd" and not caps.backward:
+    if pass_ != Pass.FWD and not caps.backward:
         return "no backward pass"
-    if pass_ != "fwd" and caps.backward_dtypes is not None and dtype not in caps.backward_dtypes:
+    if pass_ != Pass.FWD and caps.backward_dtypes is not None and dtype not in caps.backward_dtypes:
         return f"no backward in {dtype} (backward dtypes: {sorted(caps.backward_dtypes)})"
     if caps.block_sizes is not None and "block_sparse" in mask_forms and block_size not in caps.block_sizes:
         shown = f"block size {block_size}" if block_size else "variable blocks"
         return f"{shown} not supported (uniform blocks of {sorted(caps.block_sizes)} only)"
+    return None
+
+
+def rank_unsupported_reason(caps: Capabilities, *, device: str, dtype: str, block_sparse: bool) -> str | None:
+    """Why a kernel cannot serve one CP cell as its per-rank kernel, from declared capabilities, or None
+    (whether it can serve CP at all is a validation error: longca.spec.validate)."""
+    rc = caps.cp
+    if rc is None:
+        return "not a context-parallel per-rank kernel"
+    if device not in rc.devices:
+        return f"as a CP per-rank kernel it runs on {sorted(rc.devices)}, not {device}"
+    if dtype not in rc.dtypes:
+        return f"as a CP per-rank kernel it takes dtypes {sorted(rc.dtypes)}, not {dtype}"
+    if block_sparse and not rc.block_sparse:
+        return "as a CP per-rank kernel it takes slice masks only, not block-sparse ones"
+    if not block_sparse and rc.slice_kinds is not None and not rc.slice_kinds:
+        return "as a CP per-rank kernel it takes block-sparse masks only"
     return None
 
 

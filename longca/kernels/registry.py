@@ -7,7 +7,7 @@ import importlib
 import os
 import pkgutil
 
-from longca.kernels.base import Kernel
+from longca.kernels.base import Kernel, Unsupported
 
 KERNELS: dict[str, Kernel] = {}
 _loaded = False
@@ -45,3 +45,18 @@ def get(name: str) -> Kernel:
     if name not in kernels:
         raise KeyError(f"unknown kernel {name!r}; allowed: {sorted(kernels)}")
     return kernels[name]
+
+
+def rank_kernel_names() -> list[str]:
+    """The kernels that can be context-parallel per-rank kernels (their `caps.cp` is set)."""
+    return sorted(name for name, k in load_all().items() if k.caps.cp is not None)
+
+
+def rank_kernel(name: str):
+    """A fresh per-rank kernel object (longca.kernels.rank) of the kernel `name`; Unsupported naming
+    the kernels that can serve when this one cannot."""
+    kernel = get(name)
+    if kernel.caps.cp is None:
+        raise Unsupported(f"kernel {name!r} cannot be a context-parallel per-rank kernel (it returns no LSE or "
+                          f"its backward takes no combined output and LSE); allowed: {rank_kernel_names()}")
+    return kernel.rank_kernel()

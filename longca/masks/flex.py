@@ -298,7 +298,7 @@ def mask_mod_from_layout(layout: BlockLayout, device: str | torch.device = "cpu"
 def _explicit(mask_mod: MaskMod, with_buffers: Callable, buffers: tuple[torch.Tensor, ...]) -> MaskMod:
     """Attach the tensors a mask_mod reads, and the same function taking them as arguments
     (`with_buffers(b, h, q_idx, kv_idx, *buffers)`): a graph traced outside dynamo (the CP Flex
-    backward, longca.cp.flex_backward) must receive them as inputs, not as captured constants."""
+    backward, longca.kernels.flex_backward) must receive them as inputs, not as captured constants."""
     mask_mod.buffers = buffers  # type: ignore[attr-defined]
     mask_mod.with_buffers = with_buffers  # type: ignore[attr-defined]
     return mask_mod

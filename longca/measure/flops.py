@@ -1,8 +1,8 @@
-"""FLOPs from the exact attended area (measurement.md): never from S^2 or S^2/2 conventions."""
+"""FLOPs from the exact attended area (docs/measurement.md): never from S^2 or S^2/2 conventions."""
 
 from __future__ import annotations
 
-PASS_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
+from longca.vocab import PASS_FLOP_FACTOR
 
 
 def attention_flops(area: float, heads_q: int, head_dim: int, pass_: str, head_dim_v: int | None = None) -> float:
@@ -14,6 +14,6 @@ def attention_flops(area: float, heads_q: int, head_dim: int, pass_: str, head_d
     not reduce attention FLOPs.
     """
     dv = head_dim if head_dim_v is None else head_dim_v
-    if pass_ not in PASS_FACTOR:
-        raise ValueError(f"unknown pass {pass_!r}; allowed: {sorted(PASS_FACTOR)}")
-    return 2.0 * area * heads_q * (head_dim + dv) * PASS_FACTOR[pass_]
+    if pass_ not in PASS_FLOP_FACTOR:
+        raise ValueError(f"unknown pass {pass_!r}; allowed: {sorted(PASS_FLOP_FACTOR)}")
+    return 2.0 * area * heads_q * (head_dim + dv) * PASS_FLOP_FACTOR[pass_]

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import time
 
+import os
+
 import torch
+
+from longca.vocab import torch_dtype
 
 # Dense (no sparsity) tensor-core peaks from vendor datasheets, TFLOP/s, by torch device name
 # (A100 has no fp8 tensor cores: its fp8 cells are refused before they run).
@@ -48,13 +52,10 @@ def peak_tflops(device: torch.device, device_name: str, dtype_name: str) -> tupl
     if device.type == "cpu":
         # A bound no CPU core reaches (AVX-512 FMA at 5 GHz is ~0.3 TFLOP/s fp32): a measured matmul
         # rate would be noisy on a busy machine, and this gate only has to catch impossible speeds.
-        import os
-
         return 0.5 * (os.cpu_count() or 1), "0.5 TFLOP/s per CPU core bound"
-    from longca.kernels.base import DTYPES
-
-    if DTYPES[dtype_name].itemsize == 1:
+    dtype = torch_dtype(dtype_name)
+    if dtype.itemsize == 1:
         # `@` takes no fp8; fp8 tensor cores run at twice the 16-bit rate wherever they exist
         return 4.0 * measured_matmul_tflops(device, torch.bfloat16), "2x twice a measured bf16 matmul"
-    rate = measured_matmul_tflops(device, DTYPES[dtype_name])
+    rate = measured_matmul_tflops(device, dtype)
     return 2.0 * rate, "2x measured matmul"

@@ -1,6 +1,6 @@
 """One timer interface, two clocks: CUDA events on the GPU, a monotonic clock on the CPU.
 
-Protocol (measurement.md): warm-up iterations (capped by a count and, optionally, a time budget
+Protocol (docs/measurement.md): warm-up iterations (capped by a count and, optionally, a time budget
 `warmup_s`, as triton's do_bench does), then timed iterations capped by a count AND a time budget,
 an L2 flush before each timed iteration on the GPU, median / p20 / p80 and every sample kept.
 
@@ -82,6 +82,11 @@ class Timer:
     def _sync(self) -> None:
         pass
 
+    def _agree(self, value: float) -> float:
+        """The value every process of a group acts on (the max over ranks; a lone process's own):
+        decisions that end a loop must be the same on every rank, or the next collective hangs."""
+        return value
+
     def time(self, fn: Callable[[], object], *, warmup: int, iters: int, min_iters: int = 1,
              budget_s: float = 10.0, before: Callable[[], None] | None = None,
              warmup_s: float | None = None) -> Timing:
@@ -101,7 +106,7 @@ class Timer:
                 self._sync()  # the budget must see device time, not launch time
             if i == 0:
                 first_wall = time.perf_counter() - t0
-            if warmup_s is not None and time.perf_counter() - t_start >= warmup_s:
+            if warmup_s is not None and self._agree(float(time.perf_counter() - t_start >= warmup_s)):
                 break
         self._sync()
         warmup_wall = time.perf_counter() - t_start
@@ -110,7 +115,7 @@ class Timer:
             before()
         first = self._elapsed_ms(self._start_one(fn))  # waits for the call: a steady iteration's wall
         steady_wall = time.perf_counter() - t0
-        n = _plan_iters(first, iters, min_iters, budget_s)
+        n = _plan_iters(self._agree(first), iters, min_iters, budget_s)
         handles = []
         for _ in range(n - 1):
             if before:
@@ -174,6 +179,31 @@ class CudaTimer(Timer):
         start, end = handle
         end.synchronize()
         return float(start.elapsed_time(end))
+
+
+class RankTimer(Timer):
+    """One rank's timer in a context-parallel process group: the same protocol as a single device
+    (this class's `time`), with every rank meeting at a barrier before each timed call, so each
+    sample spans the same iteration on every rank (the iteration time is then the max over ranks),
+    and the loop decisions agreed (`agree_max`: an all-reduce of the max)."""
+
+    def __init__(self, inner: Timer, barrier: Callable[[], None], agree_max: Callable[[float], float]):
+        self.inner, self.barrier, self.agree_max = inner, barrier, agree_max
+        self.name, self.l2_flush = inner.name, inner.l2_flush
+
+    def _sync(self) -> None:
+        self.inner._sync()
+
+    def _agree(self, value: float) -> float:
+        return self.agree_max(value)
+
+    def _start_one(self, fn):
+        self.barrier()
+        self.inner._sync()
+        return self.inner._start_one(fn)
+
+    def _elapsed_ms(self, handle):
+        return self.inner._elapsed_ms(handle)
 
 
 def timer_for(device: torch.device, l2_flush: bool = True) -> Timer:

@@ -22,9 +22,8 @@ import longca
 from longca.report import assets, charts, cp_local, export, fidelity, gallery, load, pages, peers, queries
 from longca.report.charts import ChartSpec
 from longca.report.pages import Page, Table
-from longca.store.write import write_table
+from longca.store.write import PUBLISHED_ZSTD_LEVEL, write_table
 
-EXPORTS = [("svg", "SVG"), ("png", "PNG"), ("csv", "data (CSV)"), ("vl.json", "Vega-Lite spec")]
 _NON_OK_COLS = ["status", "reason", "kernel", "mask", "pass", "seqlen_q", "batch", "shape", "world_size",
                 "cp_mechanism", "rows", "machine", "run_id", "cell_id"]
 
@@ -342,16 +341,16 @@ def _peers_page(peer: pl.DataFrame, path: Path | None) -> Page:
 def _provenance_page(rows: pl.DataFrame, data: Sequence[Path], spec: Path | None, spec_name: str,
                      libs: dict[str, str], all_charts: list[ChartSpec], out: Path, title: str | None,
                      probe: Sequence[Path] = (), checks: Sequence[Path] = (),
-                     local_files: Sequence[Path] = ()) -> Page:
+                     local_files: Sequence[Path] = (), static_exports: bool = True) -> Page:
     page = Page("environment.html", "Environment & data", "Environment, provenance and downloads")
     page.h2("Where the numbers came from")
     env = queries.environments(rows)
     page.table(_table(env, ["env_id", *queries.ENV_FACTS, "rows", "run_ids", "first", "last"], numeric=["rows"]))
     page.h2("Downloads")
-    page.links([("data/all.parquet", "every row (Parquet, longca result schema)"),
-                ("data/all.csv", "every row (CSV; lists written as [a, b, ...]; the per-iteration samples "
-                                 "only in the Parquet)"),
+    page.links([("data/all.parquet", "every row (Parquet, longca result schema, zstd)"),
                 *([("data/probes.parquet", "protocol probe rows (Status page timing tables only)")] if probe else [])])
+    page.p("As CSV (the per-iteration samples are most of the bytes; leave them out):")
+    page.pre("duckdb -c \"COPY (SELECT * EXCLUDE (samples_ms) FROM 'data/all.parquet') TO 'all.csv'\"")
     page.h2("Reproduce")
     cmd = ["longca", "report", *[a for d in data for a in ("--data", shown_path(d))],
            *[a for d in probe for a in ("--probe", shown_path(d))],
@@ -362,15 +361,22 @@ def _provenance_page(rows: pl.DataFrame, data: Sequence[Path], spec: Path | None
     cmd += ["--out", shown_path(out)]
     if title:
         cmd += ["--title", title]
+    if not static_exports:
+        cmd += ["--no-exports"]
     page.p("Rebuild these pages from the same rows:")
     page.pre(shlex.join(cmd))
     if spec is not None:
         page.p("Re-measure the spec and rebuild its report with the workflow:")
         page.pre(f"snakemake --cores all reports/{spec_name}/index.html")
-    page.p("Each chart below is drawn from its own rows; its Vega-Lite spec and CSV are in charts/ and redraw "
-           "it exactly (for example with vl-convert or the Vega editor).")
-    page.table(Table(columns=["chart", "rows drawn", "spec", "data"],
-                     rows=[[c.title, c.query, f"charts/{c.id}.vl.json", f"charts/{c.id}.csv"] for c in all_charts]))
+    if static_exports:
+        page.p("Each chart below is drawn from its own rows; its Vega-Lite spec and CSV are in charts/ and redraw "
+               "it exactly (for example with vl-convert or the Vega editor).")
+        page.table(Table(columns=["chart", "rows drawn", "spec", "data"],
+                         rows=[[c.title, c.query, f"charts/{c.id}.vl.json", f"charts/{c.id}.csv"] for c in all_charts]))
+    else:
+        page.p("Each chart below is drawn from its own rows (in assets/data.js); the links under a chart download "
+               "its Vega-Lite spec with those rows, which redraws it exactly, and the rows as CSV.")
+        page.table(Table(columns=["chart", "rows drawn"], rows=[[c.title, c.query] for c in all_charts]))
     page.h2("Report software")
     page.table(Table(columns=["library", "version"],
                      rows=[["longca", longca.__version__], *sorted([k, v] for k, v in libs.items())]))
@@ -384,14 +390,14 @@ def _provenance_page(rows: pl.DataFrame, data: Sequence[Path], spec: Path | None
 
 
 def _write_data(table, out: Path, probe_table=None) -> None:
+    """The rows as published downloads: Parquet at zstd's strongest level (per-iteration samples are
+    most of the bytes; a CSV of them would be several times larger: the page gives the one-line
+    conversion instead)."""
     d = out / "data"
     d.mkdir(parents=True, exist_ok=True)
-    write_table(d / "all.parquet", table)
-    # Per-iteration samples are most of the bytes (up to 1000 per row) and unreadable as CSV text; the
-    # CSV keeps every other column, with the counts (timed_iters) and the statistics drawn from them.
-    export.csv_safe(pl.from_arrow(table).drop("samples_ms", strict=False)).write_csv(d / "all.csv")
+    write_table(d / "all.parquet", table, level=PUBLISHED_ZSTD_LEVEL)
     if probe_table is not None:
-        write_table(d / "probes.parquet", probe_table)
+        write_table(d / "probes.parquet", probe_table, level=PUBLISHED_ZSTD_LEVEL)
 
 
 def _stale_cells(rows: pl.DataFrame, spec_path: Path) -> pl.DataFrame | None:
@@ -413,8 +419,11 @@ def _stale_cells(rows: pl.DataFrame, spec_path: Path) -> pl.DataFrame | None:
 def build_report(data: Sequence[str | Path], out: str | Path, spec: str | Path | None = None,
                  title: str | None = None, png: bool = True, peers_path: str | Path | None = None,
                  probe: Sequence[str | Path] = (), fidelity_checks: Sequence[str | Path] = (),
-                 cp_local_runs: Sequence[str | Path] = ()) -> Built:
+                 cp_local_runs: Sequence[str | Path] = (), static_exports: bool = True) -> Built:
     """Write the whole static site for the rows in `data` under `out`; returns what was written.
+
+    `static_exports`: also write charts/<id>.{svg,png,vl.json,csv} (PNG unless `png` is False) for
+    scripts and papers; the pages offer the same downloads from the drawn chart either way.
 
     `probe`: rows of protocol probes, shown only in the Status page's measurement-time tables (and
     offered as data/probes.parquet), never drawn: they re-measure cells under another protocol.
@@ -460,12 +469,13 @@ def build_report(data: Sequence[str | Path], out: str | Path, spec: str | Path |
 
     out.mkdir(parents=True, exist_ok=True)
     libs = assets.write(out)
+    (out / "assets" / "data.js").write_text(assets.data_js(specs), encoding="utf-8")
     _write_data(table, out, probe_table)
     timings["assets+data"] = time.perf_counter() - t0
     # the mask gallery renders in this process while the export workers render the charts
     with ThreadPoolExecutor(1) as pool:
         drawn_gallery = pool.submit(gallery.build, out)
-        export.export(all_charts, specs, out, png=png)
+        export.export(all_charts, specs, out, png=png, charts_too=static_exports)
         images, message = drawn_gallery.result()
     timings["exports+gallery"] = time.perf_counter() - t0
 
@@ -477,18 +487,13 @@ def build_report(data: Sequence[str | Path], out: str | Path, spec: str | Path |
     site = [overview, *family, p_gallery, _status_page(rows, c, probe_rows, superseded, stale, checks),
             _peers_page(peer, Path(peers_path) if peers_path else None),
             _provenance_page(rows, data, spec_path, spec_name, libs, all_charts, out, title, probe, check_files,
-                             local_files)]
+                             local_files, static_exports)]
     if mask_pages:
         masks_index = Page("masks.html", "Masks", "Per-mask throughput and memory")
         masks_index.links([(p.file, p.nav) for p in mask_pages])
         site.insert(1, masks_index)
-    nav = site
-    written = pages.write(nav, out, site_title, specs, EXPORTS)
     # mask pages: linked from the Masks page, rendered with the same navigation bar
-    for p in mask_pages:
-        path = out / p.file
-        path.write_text(pages.render(p, nav, site_title, specs, EXPORTS), encoding="utf-8")
-        written.append(path)
+    written = pages.write(site + mask_pages, out, site_title, specs, static_exports, nav=site)
     timings["total"] = time.perf_counter() - t0
     (out / "build.json").write_text(json.dumps({"pages": [p.name for p in written],
                                                  "charts": [ch.id for ch in all_charts]}, indent=1))

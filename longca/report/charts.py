@@ -67,7 +67,12 @@ _DRAWN = {"series", "attn", "shape", "panel", "label", "group", "imbalance_of", 
 def records(df: pl.DataFrame) -> list[dict[str, Any]]:
     """JSON-safe rows of the drawn columns: NaN/inf become null (JSON has neither)."""
     keep = [c for c in df.columns if (c in _DRAWN or c in TOOLTIP) and df.schema[c] != pl.Null]
-    out = df.select(keep).to_dicts()
+    df = df.select(keep)
+    if "cell_id" in keep and df.schema["cell_id"] == pl.String:
+        # the id's digest part identifies the cell (its other parts are the tooltip's own columns):
+        # most of a chart's bytes otherwise
+        df = df.with_columns(pl.col("cell_id").str.extract(r"(@[0-9a-f]+)$").fill_null(pl.col("cell_id")))
+    out = df.to_dicts()
     for r in out:
         for k, v in list(r.items()):
             if v is None:

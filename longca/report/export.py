@@ -48,13 +48,14 @@ def _shares(jobs: list[tuple[int, str]], n: int, first_load: int) -> list[list[s
 
 
 def export(charts: Iterable[ChartSpec], specs: dict[str, dict[str, Any]], out: Path, png: bool = True,
-           workers: int | None = None) -> None:
-    """Write charts/<id>.{vl.json,csv,svg,png} for each chart and assets/vega-bundle.js."""
+           workers: int | None = None, charts_too: bool = True) -> None:
+    """Write assets/vega-bundle.js and, with `charts_too`, charts/<id>.{vl.json,csv,svg,png} for each chart."""
     d = out / "charts"
-    d.mkdir(parents=True, exist_ok=True)
     (out / "assets").mkdir(parents=True, exist_ok=True)
     jobs = []
-    for c in charts:
+    if charts_too:
+        d.mkdir(parents=True, exist_ok=True)
+    for c in charts if charts_too else ():
         text = json.dumps(specs[c.id], indent=1)
         (d / f"{c.id}.vl.json").write_text(text, encoding="utf-8")
         csv_safe(c.data).write_csv(d / f"{c.id}.csv")

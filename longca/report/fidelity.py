@@ -10,7 +10,7 @@ from pathlib import Path
 
 import polars as pl
 
-GOAL = 0.03  # issue 4: longca's figure within 3% of do_bench's
+GOAL = 0.03  # longca's figure within 3% of do_bench's (docs/measurement.md)
 
 COLUMNS = ["source", "device", "protocol", "kernel", "mask", "heads", "seqlen", "rounds", "longca_ms",
            "do_bench_ms", "ratio", "worst_round", "matched_ratio", "within_goal"]

@@ -2,7 +2,9 @@
 
 Autoescape is on, so every string from a spec or a row is escaped. Chart specs sit in
 <script type="application/json"> blocks, where HTML entities are not decoded; there the JSON itself
-escapes <, > and & so no row text can close the script element.
+escapes <, > and & so no row text can close the script element. A page's specs carry no rows: every
+chart's rows are in the report's one assets/data.js (longca.report.assets.data_js), loaded by a
+classic script tag, so no data is inlined twice and the pages still open from file://.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ TEMPLATE = """<!doctype html>
 <title>{{ page.title }} · {{ site_title }}</title>
 <link rel="stylesheet" href="assets/style.css">
 {% if page.charts() %}<script src="assets/vega-bundle.js"></script>
+<script src="assets/data.js"></script>
 <script src="assets/report.js"></script>{% endif %}
 </head><body>
 <header><span class="title">{{ site_title }}</span>
@@ -86,9 +89,9 @@ TEMPLATE = """<!doctype html>
 {% elif kind == "chart" %}<div class="chart" id="chart-{{ b.id }}" data-spec="spec-{{ b.id }}">
 <h3>{{ b.title }}</h3>
 <div class="vis"></div>
-<noscript><img src="charts/{{ b.id }}.svg" alt="{{ b.title }}"></noscript>
+{% if static_exports %}<noscript><img src="charts/{{ b.id }}.svg" alt="{{ b.title }}"></noscript>{% endif %}
 <p class="caption">{{ b.caption }}{% if b.machines %} Measured on: {{ b.machines | join("; ") }}.{% endif %}</p>
-<p class="files">{% for ext, what in exports %}<a href="charts/{{ b.id }}.{{ ext }}" download>{{ what }}</a>{% endfor %}</p>
+<p class="files"></p>
 <script type="application/json" id="spec-{{ b.id }}">{{ specs[b.id] }}</script>
 </div>
 {% elif kind == "table" %}<table><thead><tr>{% for c in b.columns %}<th>{{ c }}</th>{% endfor %}</tr></thead><tbody>
@@ -104,16 +107,18 @@ _TEMPLATE = _ENV.from_string(TEMPLATE)
 
 
 def render(page: Page, nav: list[Page], site_title: str, specs: dict[str, dict[str, Any]],
-           exports: list[tuple[str, str]]) -> str:
-    shown = {c.id: script_json(specs[c.id]) for c in page.charts()}
-    return _TEMPLATE.render(page=page, nav=nav, site_title=site_title, specs=shown, exports=exports)
+           static_exports: bool) -> str:
+    """One page; `specs` without their rows (the page's script takes them from assets/data.js)."""
+    shown = {c.id: script_json({k: v for k, v in specs[c.id].items() if k != "datasets"}) for c in page.charts()}
+    return _TEMPLATE.render(page=page, nav=nav, site_title=site_title, specs=shown, static_exports=static_exports)
 
 
 def write(pages: list[Page], out: Path, site_title: str, specs: dict[str, dict[str, Any]],
-          exports: list[tuple[str, str]]) -> list[Path]:
+          static_exports: bool, nav: list[Page] | None = None) -> list[Path]:
+    """Write `pages` under `out`, each with the navigation bar of `nav` (default: `pages`)."""
     paths = []
     for page in pages:
         path = out / page.file
-        path.write_text(render(page, pages, site_title, specs, exports), encoding="utf-8")
+        path.write_text(render(page, nav or pages, site_title, specs, static_exports), encoding="utf-8")
         paths.append(path)
     return paths

@@ -382,7 +382,7 @@ def sparse_vs_dense(c: pl.DataFrame, dense_kernel: str = DENSE_REFERENCE_KERNEL)
     length, heads, head dim, dtype, pass and GPU model (its median over sweeps and machines).
 
     `ratio` = sparse TFLOP/s (exact kept area) / dense TFLOP/s: how much of the dense kernel's rate
-    the sparse kernel keeps (issue 6's goal reads it at block 128, density 0.5, 64K). `speedup` =
+    the sparse kernel keeps (the block-sparse goal reads it at block 128, density 0.5, 64K). `speedup` =
     dense time / sparse time: what skipping blocks buys (at most 1 / density for a kernel that
     keeps the dense rate). Sparse cells without a dense match are left out."""
     keys = ["seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim", "dtype", "pass", "device_name"]

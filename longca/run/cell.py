@@ -9,74 +9,38 @@ from __future__ import annotations
 import json
 import time
 import traceback
-import uuid
-from datetime import datetime, timezone
 from typing import Any
 
-import numpy as np
 import torch
 
 from longca.kernels import registry
-from longca.kernels.base import (DTYPES, Unsupported, backward_refusal, choose_form, dtype_refusal, grad_changes_form,
-                                 package_available, static_unsupported_reason)
+from longca.kernels.base import (DTYPES, backward_refusal, choose_form, dtype_refusal, grad_changes_form,
+                                 package_available, rank_unsupported_reason, static_unsupported_reason)
 from longca.masks.forms import forms_of
 from longca.masks.mask import Mask
 from longca.masks.registry import PATTERNS, build_mask, resolve_params
 from longca.measure.cooldown import cool_down
-from longca.measure.env import environment, gpu_clock_state
-from longca.measure.flops import attention_flops
-from longca.measure.peak import peak_tflops
+from longca.measure.env import gpu_clock_state
 from longca.measure.reference import dense_mask_tensor, reference_attention, relative_error
 from longca.measure.reference_cache import ReferenceCache
 from longca.measure.timer import RETAINED_GRAPH, time_under, timer_for
+from longca.run.check import check_columns, check_verdict
+from longca.run.rows import base_row, classify, gate_peak, mask_columns, softmax_flops, status_row, timing_columns
 from longca.spec.cells import Cell
+from longca.vocab import Pass, Status
 
-RUN_ID = uuid.uuid4().hex[:12]  # one per process: rows of one run share it
 _check_cache: dict[tuple, dict[str, Any]] = {}
 _reference_cache = ReferenceCache()  # shared by the kernels checked on one problem
 
 
-class CellFailure(Exception):
-    def __init__(self, status: str, reason: str):
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
-
-
-def base_row(cell: Cell) -> dict[str, Any]:
-    """Identity, shape, mask and environment columns of a cell (no measurement)."""
-    pattern = PATTERNS.get(cell.mask)
-    row = {
-        "spec": cell.spec, "sweep": cell.sweep, "cell_id": cell.id, "cell_digest": cell.digest, "run_id": RUN_ID,
-        "kernel": cell.kernel, "pass": cell.pass_, "batch": cell.batch, "seqlen_q": cell.seqlen,
-        "seqlen_k": cell.seqlen, "heads_q": cell.heads_q, "heads_kv": cell.heads_kv, "head_dim": cell.head_dim,
-        "head_dim_v": cell.head_dim, "dtype": cell.dtype, "mask": cell.mask,
-        "mask_family": pattern.family if pattern else None, "mask_variant": cell.mask_variant,
-        "mask_params": json.dumps(dict(cell.mask_params), sort_keys=True), "seed": cell.seed,
-        "mask_samples": cell.samples, "world_size": cell.world_size, "cp_mechanism": cell.cp_mechanism,
-        "cp_variant": cell.cp_variant, "cp_degrees": json.dumps(dict(cell.cp_degrees)) if cell.cp_degrees else None,
-        "cp_balance": cell.cp_balance, "timestamp": datetime.now(timezone.utc),
-    }
-    try:
-        kernel = registry.get(cell.kernel)
-        row["layout"] = kernel.layout
-        row["kernel_family"] = kernel.caps.family
-    except KeyError:
-        pass
-    env = environment(cell.device if cell.device != "cuda" or torch.cuda.is_available() else "cpu")
-    row.update(env)
-    return row
-
-
-def status_row(cell: Cell, status: str, reason: str, **extra: Any) -> dict[str, Any]:
-    row = base_row(cell)
-    row.update(status=status, reason=reason, **extra)
-    return row
-
-
 def planned_unsupported(cell: Cell) -> str | None:
-    """Reason a cell cannot run, known from declared capabilities alone (no device touched)."""
+    """Reason a cell cannot run, known from declared capabilities alone (no device touched). A CP
+    cell asks the kernel's per-rank capabilities (whether it can be a per-rank kernel at all is a
+    validation error, longca.spec.validate)."""
     kernel = registry.get(cell.kernel)
+    if cell.cp_mechanism is not None:
+        return rank_unsupported_reason(kernel.caps, device=cell.device, dtype=cell.dtype,
+                                       block_sparse=PATTERNS[cell.mask].family == "dynamic")
     block = resolve_params(cell.mask, dict(cell.mask_params)).get("block") if cell.mask == "block_sparse" else None
     return static_unsupported_reason(
         kernel.caps, mask_name=cell.mask, mask_forms=forms_of(cell.mask), dtype=cell.dtype,
@@ -100,7 +64,7 @@ def runtime_unsupported(cell: Cell, device: torch.device) -> str | None:
         refusal = dtype_refusal(cell.dtype, cc)
         if refusal:
             return refusal
-    if cell.pass_ != "fwd":
+    if cell.pass_ != Pass.FWD:
         return backward_refusal(kernel, device)
     return None
 
@@ -180,26 +144,20 @@ def _build(cell: Cell, seqlen: int, sample: int, inputs=None, keep: bool = False
 
 # dtypes whose rounding of the inputs alone is larger than a correct kernel's own error: e4m3 keeps 3
 # mantissa bits, and rounding q, k, v moved Flex's fp8 output by 5-6% from the float32 reference on
-# the unrounded draws, against 3.1-3.9% from the reference on the rounded ones (H200, call 59). Their
+# the unrounded draws, against 3.1-3.9% from the reference on the rounded ones (H200). Their
 # reference takes the rounded inputs, so the check judges the kernel; bf16 and fp16 keep the float32
 # draws (their rounding is ~0.3%), as since the first sweep.
 ROUNDED_REFERENCE_DTYPES = frozenset({"float8_e4m3fn"})
-
-
-def _tolerance(cell: Cell) -> tuple[float, float]:
-    tol = cell.check_dict["tolerance"]
-    out_tol = float(tol[cell.dtype])
-    return out_tol, out_tol * float(tol.get("grad_factor", 3.0))
 
 
 def checks_gradients(kernel: Any, cell: Cell, device: torch.device) -> bool:
     """Whether the check compares gradients too. On a GPU a forward cell's check does (one check with
     gradients serves the fwd, bwd and fwd_bwd cells of the same shape), but never in a dtype the
     kernel's backward does not take: Flex's fp8 backward fails to compile, and trying it cost every
-    fp8 check an Inductor compile (call 60)."""
+    fp8 check an Inductor compile."""
     caps = kernel.caps
     return (caps.backward and (caps.backward_dtypes is None or cell.dtype in caps.backward_dtypes)
-            and (cell.pass_ != "fwd" or device.type == "cuda") and backward_refusal(kernel, device) is None)
+            and (cell.pass_ != Pass.FWD or device.type == "cuda") and backward_refusal(kernel, device) is None)
 
 
 def check_correctness(cell: Cell, device: torch.device) -> dict[str, Any]:
@@ -226,10 +184,10 @@ def check_correctness(cell: Cell, device: torch.device) -> dict[str, Any]:
         # checked in the form its cell times: forward cells without gradients, the others with.
         built = problem()
         split = grad_changes_form(kernel, built[1], head_dim=cell.head_dim, dtype=dtype, device=device)
-        grads = grads and (cell.pass_ != "fwd" or not split)
+        grads = grads and (cell.pass_ != Pass.FWD or not split)
     key = (cell.kernel, cell.mask, cell.mask_params, cell.heads_q, cell.heads_kv, cell.head_dim, cell.dtype,
            cell.batch, check_len, cell.seed, str(device), json.dumps(cell.check_dict, sort_keys=True),
-           cell.pass_ != "fwd" if split else None)
+           cell.pass_ != Pass.FWD if split else None)
     if key in _check_cache and (_check_cache[key]["grads"] or not grads):
         return {**_check_cache[key], "cached": True}
     (q, k, v, do), mask = built or problem()
@@ -239,7 +197,7 @@ def check_correctness(cell: Cell, device: torch.device) -> dict[str, Any]:
     form = choose_form(kernel.caps, forms_of(cell.mask))
     prepared = kernel.prepare(mask, batch=cell.batch, heads_q=cell.heads_q, heads_kv=cell.heads_kv,
                               head_dim=cell.head_dim, dtype=dtype, device=device, form=form,
-                              **({"grad": cell.pass_ != "fwd"} if split else {}))
+                              **({"grad": cell.pass_ != Pass.FWD} if split else {}))
     kq, kk, kv, kdo = (_from_bshd(x, prepared.layout).to(dtype).detach() for x in (q, k, v, do))
     for x in (kq, kk, kv):
         x.requires_grad_(grads)
@@ -264,7 +222,7 @@ def check_correctness(cell: Cell, device: torch.device) -> dict[str, Any]:
             try:
                 out.backward(kdo)
             except Exception:  # noqa: BLE001 - a forward cell is judged on its output alone
-                if cell.pass_ != "fwd":
+                if cell.pass_ != Pass.FWD:
                     raise
                 grads = False
             else:
@@ -287,20 +245,6 @@ def check_correctness(cell: Cell, device: torch.device) -> dict[str, Any]:
     return {**result, "cached": False}
 
 
-def check_verdict(cell: Cell, check: dict[str, Any]) -> str | None:
-    """Why the cell's numbers are wrong, or None: the output always, gradients for passes with a backward."""
-    out_tol, grad_tol = _tolerance(cell)
-    names = ("out",) if cell.pass_ == "fwd" else ("out", "dq", "dk", "dv")
-    if cell.pass_ != "fwd" and "rel_err_dq" not in check:
-        return "gradients were not checked"
-    bad = [f"{n}={check[f'rel_err_{n}']:.3g}" for n in names
-           if check[f"rel_err_{n}"] > (out_tol if n == "out" else grad_tol)]
-    if not bad:
-        return None
-    return (f"relative error above tolerance ({out_tol:g} out, {grad_tol:g} grads) at S={check['check_seqlen']}: "
-            + ", ".join(bad))
-
-
 def _from_bshd(x: torch.Tensor, layout: str) -> torch.Tensor:
     if layout == "bhsd":
         return x.transpose(1, 2).contiguous()
@@ -313,7 +257,7 @@ def _measure_sample(cell: Cell, device: torch.device, sample: int, check: dict[s
     kernel = registry.get(cell.kernel)
     dtype = DTYPES[cell.dtype]
     rep = cell.repeat_dict
-    need_grad = cell.pass_ != "fwd"
+    need_grad = cell.pass_ != Pass.FWD
     q, k, v, do = _make_inputs(cell, cell.seqlen, kernel.layout, device, dtype, cell.seed + 1000 + sample, need_grad)
     mask, build_s = _build(cell, cell.seqlen, sample,
                            inputs=(_to_bshd(q, kernel.layout, cell.batch).detach(),
@@ -337,10 +281,10 @@ def _measure_sample(cell: Cell, device: torch.device, sample: int, check: dict[s
     def timed(fn, before=None):  # the spec's repeat protocol around one call
         return time_under(timer, fn, rep, before)
 
-    if cell.pass_ == "fwd":
+    if cell.pass_ == Pass.FWD:
         with torch.no_grad():
             timing = timed(lambda: prepared.call(q, k, v))
-    elif cell.pass_ == "bwd" and rep.get("backward") == "retained_graph" and kernel.caps.retained_backward:
+    elif cell.pass_ == Pass.BWD and rep.get("backward") == "retained_graph" and kernel.caps.retained_backward:
         # Opt-in: one untimed forward, then every warm-up and timed backward on its retained graph
         # (FlashAttention's benchmark_backward does the same), so a backward cell no longer runs a
         # forward per iteration outside the timed region. The row's timer says so.
@@ -348,7 +292,7 @@ def _measure_sample(cell: Cell, device: torch.device, sample: int, check: dict[s
         out = prepared.call(q, k, v)
         timing = timed(lambda: out.backward(do, retain_graph=True), before=clear_grads)
         timing.timer += RETAINED_GRAPH
-    elif cell.pass_ == "bwd":
+    elif cell.pass_ == Pass.BWD:
         # Backward alone (the default, and how the committed rows were timed): a fresh (untimed)
         # forward before each iteration, then the timed backward.
         saved: dict[str, torch.Tensor] = {}
@@ -363,55 +307,22 @@ def _measure_sample(cell: Cell, device: torch.device, sample: int, check: dict[s
     peak = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
     clock1 = gpu_clock_state() if device.type == "cuda" else {}
     area = mask.area_per_head * cell.batch
-    flops = attention_flops(area, cell.heads_q, cell.head_dim, cell.pass_)
-    tflops = flops / (timing.median_ms * 1e-3) / 1e12
     row: dict[str, Any] = {
-        "mask_form": form, "mask_sample": sample, "mask_area": int(round(area)),
-        "density": mask.density, "num_documents": len(mask.documents) if mask.documents else None,
-        "distribution": mask.params.get("distribution"), "mask_params": json.dumps(mask.params, sort_keys=True, default=str),
-        "timer": timing.timer, "warmup_iters": timing.warmup_iters, "timed_iters": timing.timed_iters,
-        "l2_flush": timing.l2_flush, "samples_ms": timing.samples_ms, "median_ms": timing.median_ms,
-        "p20_ms": timing.p20_ms, "p80_ms": timing.p80_ms, "mask_build_s": build_s + prepared.build_s,
-        "compile_s": max(prepared.compile_s, timing.compile_s), "warmup_s": timing.warmup_wall_s, "cooldown_s": idle_s,
-        "timer_wall_s": timing.wall_s, "flops": flops, "flop_model": "softmax_exact_area", "tflops": tflops,
-        "tokens_per_s": cell.batch * cell.seqlen / (timing.median_ms * 1e-3), "peak_mem_bytes": peak,
-        "backend": prepared.info.get("backend"), "clock_start_mhz": clock0.get("clock_mhz"),
-        "clock_end_mhz": clock1.get("clock_mhz"), "throttle_reasons": clock1.get("throttle"),
-        "status": "ok", "reason": None,
+        **mask_columns(mask, sample), "mask_form": form, "mask_area": int(round(area)),
+        **timing_columns(timing, softmax_flops(area, cell), cell.batch * cell.seqlen),
+        "mask_build_s": build_s + prepared.build_s, "compile_s": max(prepared.compile_s, timing.compile_s),
+        "cooldown_s": idle_s, "peak_mem_bytes": peak, "backend": prepared.info.get("backend"),
+        "clock_start_mhz": clock0.get("clock_mhz"), "clock_end_mhz": clock1.get("clock_mhz"),
+        "throttle_reasons": clock1.get("throttle"), "status": Status.OK.value, "reason": None,
     }
-    if getattr(mask, "blocks", None) is not None:  # block-sparse masks
-        row["block_size"] = mask.params.get("block")
-        row["score_source"] = mask.params.get("score")
-        row["variable_blocks"] = mask.name == "variable_block_sparse"
     if prepared.extra.get("flop_model"):  # families with their own FLOP model (linear attention)
         row["flop_model"] = prepared.extra["flop_model"]
         row["flops"] = float(prepared.extra["flops"][cell.pass_])
         row["tflops"] = row["flops"] / (timing.median_ms * 1e-3) / 1e12
     if check:
-        row.update({k: v for k, v in check.items() if k.startswith("rel_err") or k == "check_seqlen"})
-    peak_gate, source = peak_tflops(device, base_env_name(device), cell.dtype)
-    if row["tflops"] > peak_gate:
-        row["status"] = "error"
-        row["reason"] = (f"throughput {row['tflops']:.1f} TFLOP/s above the device peak {peak_gate:.1f} ({source}): "
-                         "a measurement or FLOP-count bug, not a result")
+        row.update(check_columns(check))
     row["_kernel_s"] = timing.kernel_s
     return row
-
-
-def base_env_name(device: torch.device) -> str:
-    return environment(device.type)["device_name"]
-
-
-def _classify(exc: BaseException) -> tuple[str, str]:
-    text = f"{type(exc).__name__}: {exc}".strip()
-    first = text.splitlines()[0][:500] if text else type(exc).__name__
-    if isinstance(exc, Unsupported):
-        return "unsupported", str(exc)[:500]
-    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text.lower():
-        return "oom", first
-    if "No available kernel" in text:
-        return "unsupported", first
-    return "error", first
 
 
 def run_cell(cell: Cell) -> list[dict[str, Any]]:
@@ -442,20 +353,19 @@ def run_cell(cell: Cell) -> list[dict[str, Any]]:
             t_check = None
             failed = check_verdict(cell, check)
         if failed:  # an incorrect cell keeps its wall and check time like any other
-            r = status_row(cell, "incorrect", failed)
-            r.update({k: v for k, v in check.items() if k.startswith("rel_err") or k == "check_seqlen"})
-            rows = [r]
+            rows = [status_row(cell, Status.INCORRECT, failed, **check_columns(check))]
         else:
             for sample in range(cell.samples):
                 row = base_row(cell)
                 row.update(_measure_sample(cell, device, sample, check))
+                gate_peak(row, device)
                 rows.append(row)
     except BaseException as exc:  # noqa: BLE001 - every failure of the cell becomes its row
         if isinstance(exc, KeyboardInterrupt):
             raise
         if t_check is not None:  # failed inside the check: its time so far
             check_s = time.perf_counter() - t_check
-        status, reason = _classify(exc)
+        status, reason = classify(exc)
         row = status_row(cell, status, reason)
         if status == "error":
             row["reason"] = reason + " | " + "".join(traceback.format_exception_only(type(exc), exc)).strip()[-300:]
@@ -470,12 +380,3 @@ def run_cell(cell: Cell) -> list[dict[str, Any]]:
         r["cell_wall_s"] = wall
         r["check_s"] = check_s  # one check per cell: every row carries it, count it once per cell
     return rows
-
-
-def summarize(rows: list[dict[str, Any]]) -> str:
-    r = rows[0]
-    if r["status"] == "ok":
-        med = float(np.median([x["median_ms"] for x in rows]))
-        tf = float(np.median([x["tflops"] for x in rows]))
-        return f"ok {med:.3f} ms {tf:.1f} TFLOP/s"
-    return f"{r['status']}: {r['reason']}"

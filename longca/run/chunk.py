@@ -8,9 +8,9 @@
   the remaining cells. A worker that dies mid-cell (segfault, abort, OOM-kill) costs only that
   cell, recorded as `error` with the signal and the end of its log.
 - Context-parallel cells are launched as N processes (torchrun locally, srun inside a SLURM
-  allocation) running longca.cp.bench; rank 0 reports each cell, and the supervisor writes the rows,
-  streams the group's log to its stderr, and watches each cell's time limit the same way: a hung or
-  crashed group costs its running cell, and a new group continues with the rest.
+  allocation) running longca.run.ranks; rank 0 writes each cell's rows and reports it done, and the
+  supervisor streams the group's log to its stderr and watches each cell's time limit the same way:
+  a hung or crashed group costs its running cell, and a new group continues with the rest.
 """
 
 from __future__ import annotations
@@ -29,15 +29,16 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from longca.run.cell import planned_unsupported, status_row
+from longca.run.cell import planned_unsupported
 from longca.run.gpu_lease import gpu_count, lease_gpus
+from longca.run.rows import status_row
 from longca.spec.cells import Cell, expand
-from longca.spec.load import load_spec
+from longca.spec.load import Spec
 from longca.store.write import write_rows
 
 GRACE_S = 30.0  # start-up and compilation allowance on top of a cell's own limit
 # A CP launcher's time to stop its ranks on SIGTERM (srun forwards it) before SIGKILL; with the stack
-# dump, _on_term stays well inside the 10 s tools/h200_call.sh gives between its TERM and KILL.
+# dump, _on_term stays well inside the 10 s tools/gpu-host.sh gives between its TERM and KILL.
 CP_TERM_WAIT_S = 5.0
 # Children to take down if we are stopped -> seconds they get after SIGTERM before SIGKILL.
 _children: dict[subprocess.Popen, float] = {}
@@ -153,13 +154,13 @@ def _send(kill: Callable[[int, int], None], target: int, sig: int) -> None:
 
 
 def _dump_stacks(proc: subprocess.Popen, wait_s: float = 2.0) -> None:
-    """Ask a CP group's ranks for their Python stacks (longca.cp.bench registers faulthandler on
+    """Ask a CP group's ranks for their Python stacks (longca.run.ranks registers faulthandler on
     SIGUSR1), so the log shows where a hung group is stuck. srun forwards the signal to its tasks;
     under torchrun the ranks are signalled directly (torchrun itself would die of it)."""
     targets = [proc.pid] if Path(proc.args[0]).name == "srun" else []
     for pid in _descendants(proc.pid):
         try:
-            if b"longca.cp.bench" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if b"longca.run.ranks" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 targets.append(pid)
         except OSError:
             pass
@@ -276,64 +277,41 @@ def cp_launch_command(world: int, launcher: str) -> list[str]:
     if launcher == "auto":
         launcher = "srun" if os.environ.get("SLURM_JOB_ID") and shutil.which("srun") else "torchrun"
     if launcher == "srun":
-        return ["srun", "--overlap", f"--ntasks={world}", "--kill-on-bad-exit=1", sys.executable, "-m", "longca.cp.bench"]
+        return ["srun", "--overlap", f"--ntasks={world}", "--kill-on-bad-exit=1", sys.executable, "-m", "longca.run.ranks"]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-            "-m", "longca.cp.bench"]
-
-
-def _cp_payload(c: Cell) -> dict:
-    return {
-        "cell_id": c.digest, "mechanism": c.cp_mechanism, "mask": c.mask, "mask_params": dict(c.mask_params),
-        "seqlen": c.seqlen, "batch": c.batch, "heads_q": c.heads_q, "heads_kv": c.heads_kv,
-        "head_dim": c.head_dim, "dtype": c.dtype, "pass": c.pass_, "world_size": c.world_size,
-        "degrees": dict(c.cp_degrees), "balance": c.cp_balance, "local_kernel": c.kernel, "seed": c.seed,
-        "samples": c.samples, "device": c.device, "backend": c.cp_backend, "timeout_s": c.timeout_s,
-        "check": c.check_dict, **dict(c.repeat),
-    }
+            "-m", "longca.run.ranks"]
 
 
 def run_cp_cells(cells: list[Cell], outputs: list[str], workdir: Path, launcher: str = "auto") -> None:
     """Run the chunk's CP cells (all of one world size) in N-process groups, one cell limit at a time.
 
-    Rank 0 runs cells in payload order, so the first cell without a result file is the running one.
+    Rank 0 runs cells in job order, so the first cell not reported done is the running one.
     When it outlives its limit (plus GRACE_S for a group's first cell, which covers start-up) the
     group is killed, the cell gets a `timeout` row and a new group starts at the next cell; a group
     that exits early costs its running cell an `error` row the same way. Every launch consumes at
     least one cell, so the loop ends."""
     world = cells[0].world_size
-    out_dir = workdir / "cp_out"
-    out_dir.mkdir()
-    payload = [_cp_payload(c) for c in cells]
+    done_dir = workdir / "cp_done"
+    done_dir.mkdir()
     done: set[str] = set()
 
     def collect() -> None:
-        """Rows for every cell rank 0 has reported so far (a killed group keeps its finished cells)."""
-        for cell, path in zip(cells, outputs):
-            result_file = out_dir / f"{cell.digest}.json"
-            if cell.digest in done or not result_file.exists():
-                continue
-            results = json.loads(result_file.read_text())
-            rows = []
-            for res in results if isinstance(results, list) else [results]:
-                row = status_row(cell, res.get("status", "error"), res.get("reason"))
-                row.update({k: v for k, v in res.items() if k not in ("cell_id",)})
-                rows.append(row)
-            write_rows(path, rows)
-            done.add(cell.digest)
+        """Note every cell rank 0 has written so far (a killed group keeps its finished cells)."""
+        done.update(c.digest for c in cells if (done_dir / f"{c.digest}.done").exists())
 
     def first_open(lo: int) -> int:
         return next((i for i in range(lo, len(cells)) if cells[i].digest not in done), len(cells))
 
     start = 0
     while start < len(cells):
-        cells_file = workdir / f"cp_cells-{start}.json"
-        cells_file.write_text(json.dumps(payload[start:]))
+        job_file = workdir / f"cp_job-{start}.json"
+        job_file.write_text(json.dumps({"cells": [c.to_json() for c in cells[start:]], "outputs": outputs[start:]}))
         env = dict(os.environ)
         env.setdefault("MASTER_ADDR", socket.gethostname() if os.environ.get("SLURM_JOB_ID") else "127.0.0.1")
         if "MASTER_PORT" not in os.environ:  # a fresh port per launch: a killed group's may still be held
             env["MASTER_PORT"] = str(_free_port())
         env.setdefault("NCCL_NVLS_ENABLE", "0")
-        cmd = cp_launch_command(world, launcher) + ["--cells-json", str(cells_file), "--out-dir", str(out_dir)]
+        cmd = cp_launch_command(world, launcher) + [str(job_file), str(done_dir)]
         log_path = workdir / f"cp-{start}.log"
         _log(f"launching {len(cells) - start} CP cell(s) on {world} processes: {' '.join(cmd[:6])} ...")
         with open(log_path, "wb") as log:
@@ -386,21 +364,23 @@ def run_cp_cells(cells: list[Cell], outputs: list[str], workdir: Path, launcher:
         start = first_open(idx)
 
 
-def run_chunk(spec_path: str, outputs: list[str], results_dir: str = "results", launcher: str = "auto") -> int:
+def run_chunk(spec: Spec, outputs: list[str], results_dir: str = "results", launcher: str = "auto",
+              cells: list[Cell] | None = None) -> int:
+    """Produce the cell files `outputs` of `spec` (its `cells`, when the caller expanded them already)."""
     signal.signal(signal.SIGTERM, _on_term)
-    spec = load_spec(spec_path)
-    by_path = {os.path.normpath(c.output(results_dir)): c for c in expand(spec)}
+    by_path = {os.path.normpath(c.output(results_dir)): c for c in (cells if cells is not None else expand(spec))}
     wanted = []
     for out in outputs:
         key = os.path.normpath(out)
         if key not in by_path:
             raise ValueError(f"{out!r} is not a cell output of spec {spec.name!r} under {results_dir!r}")
         wanted.append((by_path[key], out))
-    planned = [(c, o) for c, o in wanted if c.cp_mechanism is None and planned_unsupported(c)]
-    for cell, out in planned:
-        write_rows(out, [status_row(cell, "unsupported", planned_unsupported(cell))])
-    device = [(c, o) for c, o in wanted if c.cp_mechanism is None and (c, o) not in planned]
-    cp = [(c, o) for c, o in wanted if c.cp_mechanism is not None]
+    planned = [(c, o, why) for c, o in wanted if (why := planned_unsupported(c))]
+    for cell, out, why in planned:
+        write_rows(out, [status_row(cell, "unsupported", why)])
+    runnable = [(c, o) for c, o in wanted if c.digest not in {p[0].digest for p in planned}]
+    device = [(c, o) for c, o in runnable if c.cp_mechanism is None]
+    cp = [(c, o) for c, o in runnable if c.cp_mechanism is not None]
     gpus = gpu_count() if spec.device == "cuda" and cp else 0
     too_wide = [(c, o) for c, o in cp if gpus and c.world_size > gpus]
     for cell, out in too_wide:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from longca.run.cell import planned_unsupported
 from longca.spec.cells import Cell, expand
 from longca.spec.load import Spec
 from longca.store.read import damage
@@ -37,9 +38,7 @@ class Job:
 
 
 def _kind(cell: Cell) -> str:
-    from longca.run.cell import planned_unsupported
-
-    if cell.cp_mechanism is None and planned_unsupported(cell):
+    if planned_unsupported(cell):
         return "planned"
     return "cp" if cell.cp_mechanism is not None else "device"
 

@@ -25,7 +25,8 @@ def main(argv: list[str]) -> int:
     status = os.fdopen(status_fd, "w", buffering=1)
 
     from longca.kernels.registry import load_all
-    from longca.run.cell import run_cell, summarize
+    from longca.run.cell import run_cell
+    from longca.run.rows import summarize
     from longca.spec.cells import Cell
     from longca.store.write import write_rows
 
@@ -33,7 +34,7 @@ def main(argv: list[str]) -> int:
     # later chunk process load the kernel instead of compiling it again (seconds per configuration).
     os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
     # Triton autotuners (flash-linear-attention's kernels) keep their choices on disk the same way:
-    # the first fla cell on the H200 spent 81-105 s autotuning (NOTES.md, call 6).
+    # the first fla cell on the H200 spent 81-105 s autotuning.
     os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
     load_all()  # includes LONGCA_PLUGINS
     kernel_s = 0.0

@@ -17,7 +17,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from longca.masks.registry import PATTERNS
 from longca.spec.load import LATE_TOLERANCES, MaskChoice, Spec, Sweep
+from longca.vocab import Balance, Mechanism, axis_name, normalise
 
 
 def _variant(params: dict[str, Any]) -> str:
@@ -90,6 +92,13 @@ class Cell:
     def output(self, results_dir: str | Path) -> str:
         return str(Path(results_dir) / self.spec / "cells" / self.relpath())
 
+    def axis_value(self, key: str) -> Any:
+        """The cell's value of a selection axis (longca.vocab.AXES; aliases such as seqlen_q accepted)."""
+        name = axis_name(key)
+        if name == "heads":
+            return f"{self.heads_q}:{self.heads_kv}"
+        return getattr(self, {"pass": "pass_"}.get(name, name))
+
     @property
     def repeat_dict(self) -> dict[str, Any]:
         return dict(self.repeat)
@@ -113,8 +122,6 @@ class Cell:
 
 
 def _samples(sw: Sweep, mask: MaskChoice) -> int:
-    from longca.masks.registry import PATTERNS
-
     counts = sw.mask_samples
     pat = PATTERNS[mask.name]
     if pat.multi_document:
@@ -124,21 +131,9 @@ def _samples(sw: Sweep, mask: MaskChoice) -> int:
 
 
 def _excluded(sw: Sweep, values: dict[str, Any]) -> bool:
-    from longca.spec.load import DTYPE_ALIASES, parse_seqlen
-
-    for rule in sw.exclude:
-        hit = True
-        for key, want in rule.items():
-            if key == "seqlen":
-                want = parse_seqlen(want, "exclude.seqlen")
-            elif key == "dtype":
-                want = DTYPE_ALIASES.get(want, want)
-            if values.get(key) != want:
-                hit = False
-                break
-        if hit:
-            return True
-    return False
+    """Whether an `exclude` rule of the sweep matches every one of its keys (values normalised)."""
+    return any(all(normalise(key, want) == normalise(key, values[axis_name(key)]) for key, want in rule.items())
+               for rule in sw.exclude)
 
 
 def _divisors(n: int) -> list[int]:
@@ -147,14 +142,14 @@ def _divisors(n: int) -> list[int]:
 
 def cp_layouts(mechanism: str, world: int, cp: dict[str, Any]) -> list[tuple[tuple[str, int], ...]]:
     """Degree splits to measure for one mechanism at one world size."""
-    if mechanism == "ulysses":
+    if mechanism == Mechanism.ULYSSES:
         return [(("ulysses", world),)]
-    if mechanism in ("ring_p2p", "ring_allgather"):
+    if mechanism in (Mechanism.RING_P2P, Mechanism.RING_ALLGATHER):
         return [(("ring", world),)]
-    if mechanism == "usp":
+    if mechanism == Mechanism.USP:
         degrees = cp.get("ulysses_degrees") or _divisors(world)
         return [(("ulysses", d), ("ring", world // d)) for d in degrees if world % d == 0]
-    if mechanism == "loongtrain":
+    if mechanism == Mechanism.LOONGTRAIN:
         windows = cp.get("loongtrain_windows") or _divisors(world)
         return [(("ring", world), ("windows", w)) for w in windows if world % w == 0]
     raise ValueError(f"unknown CP mechanism {mechanism!r}")
@@ -167,17 +162,15 @@ def resolve_balance(balance: str, mask: str, degrees: tuple = ()) -> str:
     (full, sliding window, and block-sparse masks, which keep the same number of key blocks in
     every query block: zigzag would only cut more blocks at shard boundaries). Zigzag left the
     heterogeneous masks uneven: at 256K on 2 ranks prefix_lm_causal's busiest rank 9.8% above the
-    mean (one H200, call 57: 22% more area on one rank) and global_sliding_window's 9.5%, against
-    0.7% and 0.5% under `document` (NOTES.md, "Call 57"); auto chose zigzag for them before.
+    mean (on one H200, 2026-12-02: 22% more area on one rank) and global_sliding_window's 9.5%,
+    against 0.7% and 0.5% under `document` (docs/cp.md, "Load balance"); auto chose zigzag for them before.
 
     Without a ring (`degrees` has no ring degree above 1: pure Ulysses) every rank attends the
     whole sequence for its heads, so work is equal under any sharding, and contiguous keeps the
     gathered sequence in its natural order: the mask stays one slice list (one causal call for
     causal) instead of a permuted one cut into several calls merged by log-sum-exp."""
-    if balance != "auto":
+    if balance != Balance.AUTO:
         return balance
-    from longca.masks.registry import PATTERNS
-
     if dict(degrees).get("ring", 1) == 1:
         return "contiguous"
     if PATTERNS[mask].multi_document or PATTERNS[mask].family == "heterogeneous":

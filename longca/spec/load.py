@@ -7,7 +7,6 @@ raised before any cell is measured.
 from __future__ import annotations
 
 import copy
-import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -15,6 +14,9 @@ from typing import Any
 
 import jsonschema
 import yaml
+
+from longca import vocab
+from longca.vocab import DTYPE_ALIASES
 
 
 class SpecError(ValueError):
@@ -25,8 +27,6 @@ class SpecError(ValueError):
         super().__init__(f"spec field '{field}': {message}")
 
 
-DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp64": "float64",
-                 "fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn"}
 # Tolerances of dtypes added after the first sweeps. A cell's digest holds the whole `check` mapping,
 # so a new entry in DEFAULTS would have given every committed cell a new file; these join the
 # `check` of their own dtype's cells only (longca.spec.cells.expand), where the spec sets none.
@@ -104,19 +104,11 @@ def _schema() -> dict:
 
 
 def parse_seqlen(value: Any, field_name: str) -> int:
-    """1024, "1K", "512K", "1M" -> tokens."""
-    if isinstance(value, bool):
-        raise SpecError(field_name, f"{value!r} is not a length; use an integer or a string like '32K'")
-    if isinstance(value, int):
-        n = value
-    else:
-        m = re.fullmatch(r"([0-9]+)([KkMm]?)", str(value).strip())
-        if not m:
-            raise SpecError(field_name, f"{value!r} is not a length; use an integer or a string like '32K'")
-        n = int(m.group(1)) * {"": 1, "k": 1024, "m": 1024 * 1024}[m.group(2).lower()]
-    if n < 1:
-        raise SpecError(field_name, f"{value!r}: a sequence length must be positive")
-    return n
+    """1024, "1K", "512K", "1M" -> tokens (longca.vocab.parse_seqlen), a SpecError naming the field."""
+    try:
+        return vocab.parse_seqlen(value)
+    except ValueError as exc:
+        raise SpecError(field_name, str(exc)) from None
 
 
 def _schema_error_message(err: jsonschema.ValidationError) -> SpecError:

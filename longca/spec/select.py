@@ -5,15 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-ONLY_KEYS = ("kernel", "mask", "seqlen", "heads", "head_dim", "dtype", "pass", "batch", "cp_mechanism", "world_size")
-ONLY_HELP = ("only cells with this value (repeatable; repeated keys are alternatives), keys: " + ", ".join(ONLY_KEYS))
+from longca.spec.cells import Cell, unknown_sweep
+from longca.vocab import AXES, AXIS_ALIASES, axis_name, normalise
+
+ONLY_HELP = ("only cells with this value (repeatable; repeated keys are alternatives), keys: " + ", ".join(AXES)
+             + " (seqlen_q is seqlen; lengths as 32K, dtypes as bf16 are accepted)")
 
 
 def check_selection(spec_name: str, cells: list, sweeps: Iterable[str] | None, only: list[str]) -> None:
     """A --sweep or --only value that matches no cell of the spec (`cells`: all of them) is a typo:
     say so before any run instead of silently running nothing."""
-    from longca.spec.cells import unknown_sweep
-
     names = {c.sweep for c in cells}
     for name in sweeps or []:
         if error := unknown_sweep(name, spec_name, names):
@@ -32,28 +33,24 @@ def _natural(s: str):
 
 
 def _wanted(only: list[str]) -> dict[str, set[str]]:
-    from longca.spec.load import DTYPE_ALIASES, parse_seqlen
-
     wanted: dict[str, set[str]] = {}
     for item in only:
         key, sep, value = item.partition("=")
         if not sep:
             raise ValueError(f"--only {item!r}: expected KEY=VALUE")
-        if key == "seqlen":
-            value = str(parse_seqlen(value, "--only seqlen"))
-        elif key == "dtype":
-            value = DTYPE_ALIASES.get(value, value)
-        wanted.setdefault(key, set()).add(value)
+        if AXIS_ALIASES.get(key, key) not in AXES:
+            raise ValueError(f"--only: unknown key {key!r}; allowed: {', '.join(AXES)} "
+                             f"(or a row column name: {', '.join(k for k in AXIS_ALIASES if '_' in k)})")
+        name = axis_name(key)
+        try:
+            wanted.setdefault(name, set()).add(normalise(name, value))
+        except ValueError as exc:
+            raise ValueError(f"--only {item}: {exc}") from None
     return wanted
 
 
-def _value_of(cell, key: str) -> str:
-    if key == "heads":
-        return f"{cell.heads_q}:{cell.heads_kv}"
-    attr = {"pass": "pass_"}.get(key, key)
-    if key not in ONLY_KEYS or not hasattr(cell, attr):
-        raise ValueError(f"--only: unknown key {key!r}; allowed: {', '.join(ONLY_KEYS)}")
-    return str(getattr(cell, attr))
+def _value_of(cell: Cell, key: str) -> str:
+    return str(cell.axis_value(key))
 
 
 def selector(only: list[str], sweeps: Iterable[str] | None = None) -> Callable[[object], bool]:

@@ -5,9 +5,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from longca.cp.mechanisms import resolve_degrees
+from longca.cp.sharding import granule
+from longca.cp.ulysses import kv_replication
+from longca.kernels import registry
+from longca.kernels.base import Unsupported
+from longca.masks.registry import PATTERNS, resolve_params
+from longca.spec.cells import cp_layouts, resolve_balance
 from longca.spec.load import Spec, SpecError, parse_seqlen
-
-CP_MECHANISMS = ("ulysses", "ring_p2p", "ring_allgather", "usp", "loongtrain")
+from longca.vocab import CP_DTYPES, Balance, normalise
 
 
 def _dupes(values: tuple, where: str) -> None:
@@ -19,8 +25,6 @@ def _dupes(values: tuple, where: str) -> None:
 
 
 def check_mask_params(name: str, params: dict[str, Any], where: str) -> None:
-    from longca.masks.registry import PATTERNS
-
     if name not in PATTERNS:
         raise SpecError(f"{where}.name" if params else where, f"unknown mask {name!r}; allowed: {sorted(PATTERNS)}")
     pattern = PATTERNS[name]
@@ -28,28 +32,14 @@ def check_mask_params(name: str, params: dict[str, Any], where: str) -> None:
     for key, value in params.items():
         if key not in declared:
             raise SpecError(f"{where}.{key}", f"mask {name!r} has no parameter {key!r}; allowed: {sorted(declared) or 'none'}")
-        p = declared[key]
-        if hasattr(p, "coerce"):  # the pattern's own typed check (types, bounds, choices, names)
-            try:
-                p.coerce(name, value)
-            except ValueError as exc:
-                raise SpecError(f"{where}.{key}", str(exc)) from None
-            continue
-        ok = isinstance(value, p.type) and not (p.type is int and isinstance(value, bool))
-        if p.type is float and isinstance(value, int) and not isinstance(value, bool):
-            ok = True
-        if not ok:
-            raise SpecError(f"{where}.{key}", f"{value!r} is not of type {p.type.__name__}")
-        if p.minimum is not None and value < p.minimum:
-            raise SpecError(f"{where}.{key}", f"{value!r} is below the minimum {p.minimum}")
-        if p.choices is not None and value not in p.choices:
-            raise SpecError(f"{where}.{key}", f"{value!r} is not allowed; allowed: {list(p.choices)}")
+        try:  # the parameter's own typed check (types, bounds, choices, names)
+            declared[key].coerce(name, value)
+        except ValueError as exc:
+            raise SpecError(f"{where}.{key}", str(exc)) from None
 
 
 def check_spec(spec: Spec) -> None:
-    from longca.kernels.registry import load_all
-
-    kernels = load_all()
+    kernels = registry.load_all()
     for i, sw in enumerate(spec.sweeps):
         where = f"sweeps.{i}"
         for axis in ("kernels", "seqlens", "heads", "head_dims", "dtypes", "passes", "batch"):
@@ -104,18 +94,30 @@ def _check_excludes(sw, where: str) -> None:
                 raise SpecError(f"{where}.exclude.{j}.{key}", f"this sweep has no axis {key!r}; allowed: {sorted(axis_values)}")
             v = parse_seqlen(value, f"{where}.exclude.{j}.seqlen") if key == "seqlen" else value
             if key == "dtype":
-                from longca.spec.load import DTYPE_ALIASES
-
-                v = DTYPE_ALIASES.get(v, v)
+                v = normalise(key, v)
             if v not in axis_values[key]:
                 raise SpecError(f"{where}.exclude.{j}.{key}",
                                 f"{value!r} is not a value of this sweep's axis; allowed: {sorted(map(str, axis_values[key]))}")
 
 
-def _check_cp(spec: Spec, sw, where: str) -> None:
-    from longca.cp.bench import DTYPES as CP_DTYPES
+def _excluded_by_rule(sw, values: dict[str, Any]) -> bool:
+    """Whether an `exclude` rule whose keys are all among `values` matches them (a combination of
+    axis values checked below that no cell will have)."""
+    return any(set(rule) <= set(values) and all(normalise(k, v) == normalise(k, values[k]) for k, v in rule.items())
+               for rule in sw.exclude)
 
+
+def _check_cp(spec: Spec, sw, where: str) -> None:
+    """What a context-parallel sweep can only fail at, refused before any process starts: kernels
+    that cannot be per-rank kernels, dtypes the mechanisms do not carry, world sizes without a
+    degree split, heads the Ulysses degree does not divide, lengths a sharding cannot cut, and
+    block-sparse masks no rank can score or balance."""
     cp = sw.cp
+    for j, name in enumerate(sw.kernels):
+        if registry.get(name).caps.cp is None:
+            raise SpecError(f"{where}.kernels.{j}",
+                            f"{name!r} cannot be a context-parallel per-rank kernel (it must return the LSE and take "
+                            f"the combined output and LSE in its backward); allowed: {registry.rank_kernel_names()}")
     for j, d in enumerate(sw.dtypes):
         if d not in CP_DTYPES:
             raise SpecError(f"{where}.dtypes.{j}",
@@ -123,14 +125,55 @@ def _check_cp(spec: Spec, sw, where: str) -> None:
     backend = cp.get("backend", "auto")
     if spec.device == "cpu" and backend == "nccl":
         raise SpecError(f"{where}.cp.backend", "'nccl' needs device: cuda; allowed on cpu: ['auto', 'gloo']")
-    for j, w in enumerate(cp["world_sizes"]):
-        if w < 2:
-            raise SpecError(f"{where}.cp.world_sizes.{j}", f"{w}: context parallelism needs at least 2 processes")
-        for s_i, s in enumerate(sw.seqlens):
-            if s % (2 * w):
-                raise SpecError(f"{where}.seqlens.{s_i}",
-                                f"{s} is not divisible by 2 x world size ({2 * w}); zigzag sharding splits "
-                                f"the sequence into 2 x world_size chunks")
     for j, d in enumerate(cp.get("ulysses_degrees", []) or []):
         if not any(w % d == 0 for w in cp["world_sizes"]):
             raise SpecError(f"{where}.cp.ulysses_degrees.{j}", f"{d} divides none of world_sizes {cp['world_sizes']}")
+    for j, m in enumerate(sw.masks):
+        if PATTERNS[m.name].family != "dynamic":
+            continue
+        params = resolve_params(m.name, m.params_dict)
+        if params.get("score") != "random":
+            raise SpecError(f"{where}.masks.{j}.score",
+                            f"{params.get('score')!r}: context-parallel cells draw each rank's inputs separately, so "
+                            f"scores of the global inputs do not exist; allowed: 'random'")
+        if cp.get("balance") == Balance.DOCUMENT:
+            raise SpecError(f"{where}.cp.balance", f"'document' balances slice masks by row area, not the block-sparse "
+                                                   f"mask {m.name!r}; allowed here: auto, contiguous, zigzag")
+    for j, w in enumerate(cp["world_sizes"]):
+        if w < 2:
+            raise SpecError(f"{where}.cp.world_sizes.{j}", f"{w}: context parallelism needs at least 2 processes")
+        for mech in cp["mechanisms"]:
+            layouts = cp_layouts(mech, w, cp)
+            if not layouts and not _excluded_by_rule(sw, {"cp_mechanism": mech, "world_size": w}):
+                raise SpecError(f"{where}.cp.world_sizes.{j}",
+                                f"{w}: {mech} has no degree split at this world size (ulysses_degrees "
+                                f"{cp.get('ulysses_degrees')}, loongtrain_windows {cp.get('loongtrain_windows')}); "
+                                f"allowed: world sizes that one of those divides")
+            for degrees in layouts:
+                _check_cp_layout(sw, where, mech, w, degrees, cp)
+
+
+def _check_cp_layout(sw, where: str, mech: str, w: int, degrees: tuple, cp: dict[str, Any]) -> None:
+    """One mechanism at one world size and degree split against the sweep's heads, masks and lengths."""
+    try:
+        u, _, _ = resolve_degrees(mech, w, dict(degrees))
+    except ValueError as exc:
+        raise SpecError(f"{where}.cp", f"{mech} at world_size {w}: {exc}") from None
+    values = {"cp_mechanism": mech, "world_size": w}
+    for k, (hq, hkv) in enumerate(sw.heads):
+        if _excluded_by_rule(sw, {**values, "heads": f"{hq}:{hkv}"}):
+            continue
+        try:
+            kv_replication(hq, hkv, u)
+        except Unsupported as exc:
+            raise SpecError(f"{where}.heads.{k}",
+                            f"'{hq}:{hkv}' cannot run {mech} at world_size {w} (Ulysses degree {u}): {exc}; allowed: "
+                            f"query heads divisible by {u}, KV heads divisible by {u} or dividing it") from None
+    for m in sw.masks:
+        balance = resolve_balance(cp.get("balance", Balance.AUTO), m.name, degrees)
+        g = granule(balance, w)
+        for i, s in enumerate(sw.seqlens):
+            if s % g and not _excluded_by_rule(sw, {**values, "mask": m.name, "seqlen": s}):
+                raise SpecError(f"{where}.seqlens.{i}",
+                                f"{s} is not divisible by {g}, which balance {balance!r} needs at world_size {w} "
+                                f"({mech}, mask {m.name}); allowed: multiples of {g}")

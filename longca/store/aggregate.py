@@ -27,9 +27,9 @@ def aggregate(files: list[str], out: str | Path) -> int:
         table = _union_polars(files)
     except (ImportError, _OutsideSchema):
         table = _union_arrow(files)
-    from longca.store.write import write_table
+    from longca.store.write import PUBLISHED_ZSTD_LEVEL, write_table
 
-    write_table(out, table)
+    write_table(out, table, level=PUBLISHED_ZSTD_LEVEL)
     return table.num_rows
 
 
@@ -88,12 +88,12 @@ def keep_rows_outside(new_file: str | Path, old_file: str | Path) -> int:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from longca.store.write import write_table
+    from longca.store.write import PUBLISHED_ZSTD_LEVEL, write_table
 
     new, old = pq.read_table(new_file), pq.read_table(old_file)
     kept = old.filter(pc.invert(pc.is_in(old["cell_digest"], value_set=new["cell_digest"])))
     if kept.num_rows:  # older rows lack the columns a later schema added: nulls there
-        write_table(new_file, pa.concat_tables([new, kept], promote_options="permissive"))
+        write_table(new_file, pa.concat_tables([new, kept], promote_options="permissive"), level=PUBLISHED_ZSTD_LEVEL)
     return kept.num_rows
 
 

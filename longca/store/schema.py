@@ -12,9 +12,11 @@ from typing import Any
 
 import pyarrow as pa
 
+from longca.vocab import Status
+
 SCHEMA_VERSION = 3  # 2: phase times check_s, timer_wall_s, warmup_s; 3: cooldown_s
 
-STATUSES = ("ok", "unsupported", "oom", "error", "timeout", "incorrect")
+STATUSES = tuple(s.value for s in Status)
 
 _FIELDS: list[tuple[str, pa.DataType, str]] = [
     # identity

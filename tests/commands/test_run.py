@@ -34,6 +34,15 @@ def test_selection_matching_no_cell_is_an_error_naming_the_allowed_values(tmp_pa
     assert not any(tmp_path.iterdir())  # nothing ran
 
 
+def test_only_takes_row_column_names_and_written_lengths():
+    from longca.spec.select import selector
+
+    cells = expand(load_spec("specs/default.yaml"))
+    by_axis = [c.id for c in cells if selector(["seqlen=512", "dtype=fp32"])(c)]
+    assert by_axis
+    assert by_axis == [c.id for c in cells if selector(["seqlen_q=512", "dtype=float32"])(c)]
+
+
 def test_selection_limited_to_the_chosen_sweeps(tmp_path, capsys):
     # sparse's kernel exists in the spec, but not in the dense sweep
     assert main(["run", "--spec", "specs/default.yaml", "--results", str(tmp_path), "--sweep", "dense",
@@ -113,7 +122,7 @@ def test_run_writes_the_planned_unsupported_cells_before_any_device_work(tmp_pat
                     "passes: [fwd]\nsweeps:\n  - name: dense\n    kernels: [naive, varlen]\n    masks: [full]\n"
                     "    seqlens: [64, 128]\n")
     calls = []
-    monkeypatch.setattr(longca.run.chunk, "run_chunk", lambda spec, outputs, *a: calls.append(outputs) or 0)
+    monkeypatch.setattr(longca.run.chunk, "run_chunk", lambda spec, outputs, *a, **k: calls.append(outputs) or 0)
     assert main(["run", "--spec", str(spec), "--results", str(tmp_path / "r")]) == 0
     assert [all("kernel=varlen" in o for o in outs) for outs in calls] == [True, False]
     assert sum(len(o) for o in calls) == 4

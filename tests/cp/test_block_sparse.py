@@ -21,17 +21,23 @@ import socket
 import traceback
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from longca.cp.local import Naive, TritonBlockSparse, get_local
+from longca.kernels.rank import Naive, TritonBlockSparse
+from longca.kernels.registry import rank_kernel
 from longca.cp.mechanisms import build_plan, cp_attention
 from longca.cp.reference import reference_attention, rel_err
 from longca.cp.sharding import make_sharding
 from longca.cp.submask import layout_step_areas, layouts_of_groups, sub_layout
 from longca.masks.registry import build_mask
+from longca.run.ranks import run_cell as run_cp_cell
+from longca.store.write import write_rows
+
+from ..run.cp_cells import cp_cell
 
 MASKS = {
     "bs": ("block_sparse", {"block": 64, "density": 0.5}),
@@ -141,7 +147,7 @@ def _case(rank, world, kernel_name, mech, degrees, key, balance, hq, hkv, dtype,
         ref = reference_attention(q, k, v, mask, dout if backward else None)
         sharding = make_sharding(balance, seqlen, world)
         pos = torch.from_numpy(sharding.positions(rank))
-        plan = build_plan(mech, degrees, mask.slices, sharding, rank, hq, hkv, get_local(kernel_name),
+        plan = build_plan(mech, degrees, mask.slices, sharding, rank, hq, hkv, rank_kernel(kernel_name),
                           torch.device("cpu"), blocks=mask.blocks)
         ql, kl, vl = (x[:, :, pos].contiguous().requires_grad_(backward) for x in (q, k, v))
         if backward:
@@ -162,20 +168,19 @@ def _case(rank, world, kernel_name, mech, degrees, key, balance, hq, hkv, dtype,
     return case
 
 
-BENCH_BASE = {"mechanism": "ring_p2p", "mask": "block_sparse", "mask_params": {"block": 64, "density": 0.5},
-              "seqlen": 256, "batch": 2, "heads_q": 4, "heads_kv": 2, "head_dim": 16, "dtype": "float64",
-              "pass": "fwd_bwd", "world_size": 2, "degrees": {}, "balance": "contiguous", "local_kernel": "naive",
-              "seed": 0, "warmup": 1, "iters": 2, "budget_s": 30, "device": "cpu", "backend": "gloo"}
-BENCH = [
-    dict(BENCH_BASE, cell_id="ok_ring"),
-    dict(BENCH_BASE, cell_id="ok_ulysses_vbs_fwd", mechanism="ulysses", mask="variable_block_sparse",
-         mask_params={"min_block": 16, "mean_block": 48, "density": 0.3}, **{"pass": "fwd"}),
-    dict(BENCH_BASE, cell_id="document", balance="document"),
-    dict(BENCH_BASE, cell_id="importance", mask_params={"block": 64, "score": "importance"}),
-    dict(BENCH_BASE, cell_id="ok_triton", local_kernel="triton_block_sparse", dtype="float32", **{"pass": "fwd"}),
-    dict(BENCH_BASE, cell_id="triton_slices", mask="causal", mask_params={}, local_kernel="triton_block_sparse",
-         dtype="float32"),
-]
+BENCH_PARAMS = {"block": 64, "density": 0.5}
+_BENCH = dict(mask="block_sparse", mask_params=BENCH_PARAMS, seqlen=256, head_dim=16, cp_balance="contiguous")
+BENCH = {  # CP cells run by longca.run.ranks, the CP cell runner
+    "ok_ring": cp_cell(**_BENCH),
+    "ok_ulysses_vbs_fwd": cp_cell(**dict(_BENCH, cp_mechanism="ulysses", cp_degrees=(("ulysses", 2),),
+                                         mask="variable_block_sparse", pass_="fwd",
+                                         mask_params={"min_block": 16, "mean_block": 48, "density": 0.3})),
+    "document": cp_cell(**dict(_BENCH, cp_balance="document")),
+    "importance": cp_cell(**dict(_BENCH, mask_params={"block": 64, "score": "importance"})),
+    "ok_triton": cp_cell(**dict(_BENCH, kernel="triton_block_sparse", dtype="float32", pass_="fwd")),
+    "triton_slices": cp_cell(**dict(_BENCH, mask="causal", mask_params={}, kernel="triton_block_sparse",
+                                    dtype="float32")),
+}
 
 
 def _naive_combos(world: int, m: int) -> list:
@@ -204,12 +209,10 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
         for key in MASKS:
             results.append(_case(rank, world, "flex", "ring_p2p", None, key, "zigzag", 4, 2, torch.float64,
                                  backward=False))
-        from longca.cp import bench
-
-        for cell in BENCH:
-            row = bench.run_cell(cell, rank, world, torch.device("cpu"))
+        for name, cell in BENCH.items():
+            rows = run_cp_cell(cell, rank, world, torch.device("cpu"))
             if rank == 0:
-                bench.write_row(row, out_dir)
+                write_rows(os.path.join(out_dir, f"{name}.parquet"), rows)
     if rank == 0:
         with open(os.path.join(out_dir, "cases.json"), "w") as f:
             json.dump(results, f)
@@ -234,13 +237,10 @@ def test_block_sparse_cp_matches_the_reference(world: int, tmp_path) -> None:
     assert [r["skipped"] for r in results if r["mask"] == "diag"] == [1, 1] * (world == 2)
     if world != 2:
         return
-    rows = {c["cell_id"]: json.load(open(tmp_path / f"{c['cell_id']}.json")) for c in BENCH}
-    from longca.store.schema import to_table
-
-    to_table(list(rows.values()))
+    rows = {name: pq.read_table(tmp_path / f"{name}.parquet").to_pylist()[0] for name in BENCH}
     ok = rows["ok_ring"]
     assert ok["status"] == "ok", ok["reason"]
-    mask = build_mask("block_sparse", 256, BENCH_BASE["mask_params"], heads_kv=2)
+    mask = build_mask("block_sparse", 256, BENCH_PARAMS, heads_kv=2)
     per_kv_head = mask.area_of_heads()
     assert ok["mask_area"] == sum(ok["rank_area"]) == round(2 * per_kv_head.mean())
     assert ok["flops"] == 3.5 * 4 * 2 * int(per_kv_head.sum()) * 2 * 16  # 2 query heads per KV head

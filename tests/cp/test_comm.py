@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from longca.cp.comm import LocalComm
-from longca.cp.local import get_local
+from longca.kernels.registry import rank_kernel
 from longca.cp.mechanisms import build_plan, cp_attention
 from longca.cp.reference import reference_attention, rel_err
 from longca.cp.sharding import make_sharding
@@ -35,7 +35,7 @@ def test_every_rank_played_alone_matches_the_reference_rows(world, mechanism, ma
     ref = reference_attention(q, k, v, mask.slices)[0]
     for r in range(world):
         comm = LocalComm(kv_of, r)
-        plan = build_plan(mechanism, None, mask.slices, sharding, r, 4, 2, get_local("naive"), CPU, comm,
+        plan = build_plan(mechanism, None, mask.slices, sharding, r, 4, 2, rank_kernel("naive"), CPU, comm,
                           topo=Topology(world, r, 1, world))
         with torch.no_grad():
             out = cp_attention(q[:, :, pos[r]].contiguous(), kv_of[r][0], kv_of[r][1], plan)

@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from longca.cp.local import Unsupported, get_local
+from longca.kernels.base import Unsupported
+from longca.kernels.registry import rank_kernel
 from longca.cp.mechanisms import build_plan, cp_attention
 from longca.cp.reference import reference_attention, rel_err
 from longca.cp.sharding import BALANCES, make_sharding
@@ -63,7 +64,7 @@ def _worker(rank: int, world: int, port: int, doc_file: str, result_file: str) -
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=180))
     results = []
-    kernel = get_local("naive")
+    kernel = rank_kernel("naive")
     dev = torch.device("cpu")
     for mask_name in STATIC:
         mask = build_mask(mask_name, SEQLEN, small_params(mask_name, doc_file), seed=3)
@@ -95,9 +96,9 @@ def _worker(rank: int, world: int, port: int, doc_file: str, result_file: str) -
                     case["failure"] = traceback.format_exc()
                 results.append(case)
     # FlexAttention local kernel at world size 2, forward and backward (its backward is Flex's own
-    # backward operator on the combined out/LSE, run eagerly on the CPU: longca.cp.flex_backward).
+    # backward operator on the combined out/LSE, run eagerly on the CPU: longca.kernels.flex_backward).
     if world == 2:
-        flex = get_local("flex")
+        flex = rank_kernel("flex")
         for mask_name in STATIC:
             mask = build_mask(mask_name, SEQLEN, small_params(mask_name, doc_file), seed=3)
             g = torch.Generator().manual_seed(12)

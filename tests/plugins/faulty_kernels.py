@@ -2,8 +2,8 @@
 
 Each fails in one way a real kernel can: wrong numbers, a crash, a hang, an exception, an
 out-of-memory error, or an impossible speed. The pipeline must turn each into the right row.
-CP local kernels of the same names (hang, segfault) fail on rank 1 only, so rank 0 is left waiting
-in a collective, as when one GPU of a group fails.
+The hang and segfault kernels are CP per-rank kernels too, failing on rank 1 only, so rank 0 is left
+waiting in a collective, as when one GPU of a group fails.
 """
 
 import os
@@ -12,13 +12,14 @@ import time
 
 import torch
 
-from longca.cp.local import LOCAL_KERNELS, Naive as LocalNaive
 from longca.kernels.adapters.naive import NaiveAttention
-from longca.kernels.base import Capabilities, Prepared
+from longca.kernels.base import Capabilities, Prepared, RankCapabilities
+from longca.kernels.rank import Naive as RankNaive
 from longca.kernels.registry import KERNELS, register
 
+RANK_CAPS = RankCapabilities(devices=frozenset({"cpu", "cuda"}), dtypes=frozenset({"float32", "float64"}))
 CAPS = Capabilities(mask_forms=frozenset({"full", "dense"}), dtypes=frozenset({"float32", "float64"}),
-                    devices=frozenset({"cpu", "cuda"}))
+                    devices=frozenset({"cpu", "cuda"}), cp=RANK_CAPS)
 _naive = NaiveAttention()
 
 
@@ -30,6 +31,11 @@ class Faulty:
         self.name = name
         self.mode = mode
         self.description = f"test kernel that fails by: {mode}"
+
+    def rank_kernel(self):
+        rank_kernel = FaultyRank()
+        rank_kernel.name, rank_kernel.mode = self.name, self.mode
+        return rank_kernel
 
     def prepare(self, mask, **kw):
         good = _naive.prepare(mask, **kw)
@@ -59,14 +65,10 @@ class Faulty:
         return Prepared(call=call, layout=self.layout, info={"backend": "test"})
 
 
-for _mode in ("wrong", "segfault", "hang", "raise", "oom", "too_fast"):
-    if f"test_{_mode}" not in KERNELS:
-        register(Faulty(f"test_{_mode}", _mode))
-
-
-class FaultyLocal(LocalNaive):
-    """CP local kernel failing on rank 1; with LONGCA_TEST_PID_DIR set, every rank first leaves
-    RANK-PID there, so a test can tell when the fault starts and check that no rank survives it."""
+class FaultyRank(RankNaive):
+    """CP per-rank kernel failing on rank 1 (hang, segfault; the other modes compute correctly); with
+    LONGCA_TEST_PID_DIR set, every rank first leaves RANK-PID there, so a test can tell when the
+    fault starts and check that no rank survives it."""
 
     mode = ""
 
@@ -82,6 +84,6 @@ class FaultyLocal(LocalNaive):
         return super().fwd(q, k, v, sub)
 
 
-for _mode in ("hang", "segfault"):
-    LOCAL_KERNELS.setdefault(f"test_{_mode}", type(f"FaultyLocal_{_mode}", (FaultyLocal,),
-                                                    {"name": f"test_{_mode}", "mode": _mode}))
+for _mode in ("wrong", "segfault", "hang", "raise", "oom", "too_fast"):
+    if f"test_{_mode}" not in KERNELS:
+        register(Faulty(f"test_{_mode}", _mode))

@@ -103,7 +103,8 @@ def load_page(browser: Browser, path: Path, screenshot: Path | None = None, wait
       const charts = Array.from(document.querySelectorAll('div.chart')).map(d => ({
         id: d.id, rendered: d.getAttribute('data-rendered'),
         svg: d.querySelectorAll('.vis svg.marks, .vis canvas.marks').length,
-        marks: d.querySelectorAll('.vis svg g[class*="role-mark"] > *').length}));
+        marks: d.querySelectorAll('.vis svg g[class*="role-mark"] > *').length,
+        downloads: Array.from(d.querySelectorAll('.files a')).map(a => a.getAttribute('download'))}));
       return JSON.stringify({ready: document.readyState, done: done, charts: charts});
     })()"""
     deadline = time.monotonic() + wait_s

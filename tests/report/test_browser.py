@@ -28,6 +28,9 @@ def test_every_page_loads_and_renders(site: Path, tmp_path_factory: pytest.TempP
             for chart in result["charts"]:
                 assert chart["rendered"] == "1", (page.name, chart)
                 assert chart["svg"] >= 1 and chart["marks"] > 0, (page.name, chart)
+                # downloads made in the page from the drawn chart and its rows (none can point to a missing file)
+                name = chart["id"].removeprefix("chart-")
+                assert chart["downloads"] == [f"{name}.{ext}" for ext in ("svg", "png", "csv", "vl.json")], chart
                 seen.add(chart["id"].removeprefix("chart-"))
     finally:
         browser.close()

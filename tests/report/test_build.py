@@ -39,12 +39,61 @@ def test_every_chart_is_on_a_page_and_pages_link_the_bundle_relatively(site: Pat
 def test_downloads_hold_every_row(site: Path, rows_path: Path) -> None:
     rows = pq.read_table(rows_path)
     assert pq.read_table(site / "data" / "all.parquet").num_rows == rows.num_rows
-    csv = pl.read_csv(site / "data" / "all.csv", infer_schema=False)
-    assert csv.height == rows.num_rows and "median_ms" in csv.columns
-    # the samples stay in the Parquet only (they would be most of the CSV's bytes)
-    assert "samples_ms" not in csv.columns
     assert pq.read_table(site / "data" / "all.parquet").column("samples_ms").to_pylist() == \
         rows.column("samples_ms").to_pylist()
+    assert "COPY (SELECT * EXCLUDE (samples_ms) FROM" in (site / "environment.html").read_text()  # CSV on demand
+
+
+def test_pages_carry_no_rows_and_data_js_holds_every_chart(site: Path) -> None:
+    """Every chart's rows are in assets/data.js, once; the pages' specs name the dataset only."""
+    import re
+
+    charts = json.loads((site / "build.json").read_text())["charts"]
+    text = (site / "assets" / "data.js").read_text()
+    assert text.startswith("window.LONGCA_DATA = ")
+    data = json.loads(text.removeprefix("window.LONGCA_DATA = ").rstrip().rstrip(";"))
+    assert sorted(data) == sorted(charts)
+    for page in site.glob("*.html"):
+        html = page.read_text()
+        for cid, body in re.findall(r'<script type="application/json" id="spec-([^"]+)">(.*?)</script>', html, re.S):
+            spec = json.loads(body)
+            assert "datasets" not in spec and spec["data"] == {"name": "rows"}, (page.name, cid)
+    # the page's rows are exactly the exported spec's
+    for cid in charts[:5]:
+        exported = json.loads((site / "charts" / f"{cid}.vl.json").read_text())["datasets"]["rows"]
+        assert decode(data[cid]) == exported, cid
+
+
+def decode(enc: dict) -> list[dict]:
+    """What the embed script's decode does (longca.report.assets.EMBED_JS), in Python."""
+    rows = [{} for _ in range(enc["n"])]
+    for name, col in enc["c"].items():
+        values = col if isinstance(col, list) else [col["d"][i] for i in col["i"]]
+        for row, v in zip(rows, values):
+            if v is not None:
+                row[name] = v
+    return rows
+
+
+def test_rows_encode_losslessly_and_repeated_columns_as_dictionaries() -> None:
+    from longca.report.assets import encode_rows
+
+    rows = [{"kernel": "fa4", "tflops": 1.5, "cell_id": "@a"}, {"kernel": "fa4", "tflops": 2.5},
+            {"kernel": "fa4", "tflops": None, "cell_id": "@c", "note": "x<y"}, {"kernel": "flex", "tflops": 3.5}]
+    enc = encode_rows(rows)
+    assert enc["c"]["kernel"] == {"d": ["fa4", "flex"], "i": [0, 0, 0, 1]}  # 2 distinct of 4: a dictionary
+    assert enc["c"]["tflops"] == [1.5, 2.5, None, 3.5]
+    assert decode(enc) == [{k: v for k, v in r.items() if v is not None} for r in rows]
+
+
+def test_published_mode_writes_no_chart_files_and_links_none(tmp_path: Path, rows_path: Path) -> None:
+    from longca.report import build_report
+
+    built = build_report([rows_path], tmp_path / "site", static_exports=False)
+    assert not (tmp_path / "site" / "charts").exists()
+    for page in built.pages:
+        assert "charts/" not in page.read_text(), page.name  # no link to a file that is not there
+    assert (tmp_path / "site" / "assets" / "data.js").stat().st_size > 0
 
 
 def test_overview_content(site: Path) -> None:
@@ -229,3 +278,25 @@ def test_fraction_summary_names_the_kernel_that_loses_least() -> None:
     assert (row["min fraction"], row["median fraction"], row["max fraction"], row["lengths"]) == (0.5, 0.7, 0.9, 3)
     assert row["best kernel (lengths won)"] == "fa4 2, flex 1"
     assert set(numeric) <= set(cols)
+
+
+def test_every_link_points_to_a_file_that_exists(site: Path) -> None:
+    import re
+
+    missing = []
+    for page in site.glob("*.html"):
+        for target in re.findall(r'(?:href|src)="([^"#]+)"', page.read_text()):
+            if not target.startswith(("http:", "https:", "data:", "mailto:")) and not (site / target).exists():
+                missing.append((page.name, target))
+    assert missing == []
+
+
+def test_committed_reports_link_only_to_files_they_hold() -> None:
+    import re
+
+    root = Path(__file__).resolve().parents[2] / "reports"
+    sites = [d for d in root.iterdir() if (d / "build.json").is_file()] if root.is_dir() else []
+    missing = [(site.name, page.name, target) for site in sites for page in site.glob("*.html")
+               for target in re.findall(r'(?:href|src)="([^"#]+)"', page.read_text())
+               if not target.startswith(("http:", "https:", "data:", "mailto:")) and not (site / target).exists()]
+    assert missing == []

@@ -38,7 +38,7 @@ def test_every_fault_ends_as_its_row(tmp_path, plugin_env, monkeypatch):
     cells = sorted(cells, key=lambda c: c.kernel == "naive")
     assert [c.kernel for c in cells] == ["test_raise", "test_oom", "test_hang", "test_segfault", "naive"]
     outputs = [c.output(tmp_path / "results") for c in cells]
-    run_chunk(str(path), outputs, str(tmp_path / "results"))
+    run_chunk(load_spec(path), outputs, str(tmp_path / "results"))
     status = {}
     for c, o in zip(cells, outputs):
         t = pq.read_table(o).to_pylist()

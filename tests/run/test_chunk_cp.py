@@ -58,7 +58,7 @@ def test_hung_and_crashed_cp_cells_cost_only_themselves(tmp_path, plugin_env, mo
     monkeypatch.setenv("LONGCA_TEST_PID_DIR", str(pid_dir))
     spec, cells, outputs = _chunk(tmp_path, 4)
     t0 = time.monotonic()
-    run_chunk(spec, outputs, str(tmp_path / "results"))
+    run_chunk(load_spec(spec), outputs, str(tmp_path / "results"))
     wall = time.monotonic() - t0
     rows = {}
     for name, out in zip(cells, outputs):
@@ -114,7 +114,7 @@ def test_cp_cells_wider_than_the_host_are_unsupported_rows(tmp_path, monkeypatch
     real_lease = chunk.lease_gpus
     monkeypatch.setattr(chunk, "lease_gpus", lambda n, **k: (asked.append(n), real_lease(n, **k))[1])
     out = cell.output(tmp_path / "results")
-    assert run_chunk(str(path), [out], str(tmp_path / "results")) == 0
+    assert run_chunk(load_spec(path), [out], str(tmp_path / "results")) == 0
     assert asked == [0]
     row = pq.read_table(out).to_pylist()[0]
     assert (row["status"], row["reason"]) == ("unsupported", "needs 4 GPUs (world_size); 2 visible")

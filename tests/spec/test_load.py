@@ -95,6 +95,23 @@ BAD = [
      ["250", "divisible"]),
     (spec_with(sweep_cp={"mechanisms": ["usp"], "world_sizes": [2], "ulysses_degrees": [3]}),
      "sweeps.0.cp.ulysses_degrees.0", ["3"]),
+    # context parallelism: what can only fail is refused before any process starts (one case per rule)
+    (spec_with(seqlens=[384], heads=["4:2"], sweep_cp={"mechanisms": ["ulysses"], "world_sizes": [3]}),
+     "sweeps.0.heads.0", ["'4:2'", "ulysses", "world_size 3", "not divisible by the Ulysses degree 3", "allowed"]),
+    (spec_with(seqlens=[512], heads=["12:6"], sweep_cp={"mechanisms": ["ulysses"], "world_sizes": [4]}),
+     "sweeps.0.heads.0", ["'12:6'", "heads_kv=6 is not divisible by the Ulysses degree 4", "allowed"]),
+    (spec_with(kernels=["fla_gla"], sweep_cp={"mechanisms": ["ring_p2p"], "world_sizes": [2]}), "sweeps.0.kernels.0",
+     ["fla_gla", "per-rank kernel", "allowed", "flex", "naive", "sdpa_cudnn"]),
+    (spec_with(seqlens=[258], masks=["causal"], sweep_cp={"mechanisms": ["ring_p2p"], "world_sizes": [2]}),
+     "sweeps.0.seqlens.0", ["258", "divisible by 4", "zigzag", "allowed: multiples of 4"]),
+    (spec_with(sweep_cp={"mechanisms": ["usp"], "world_sizes": [2, 3], "ulysses_degrees": [2]}),
+     "sweeps.0.cp.world_sizes.1", ["3", "usp", "no degree split", "allowed"]),
+    (spec_with(masks=[{"name": "block_sparse", "block": 64, "score": "importance"}],
+               sweep_cp={"mechanisms": ["ring_p2p"], "world_sizes": [2]}), "sweeps.0.masks.0.score",
+     ["importance", "allowed: 'random'"]),
+    (spec_with(masks=[{"name": "block_sparse", "block": 64}],
+               sweep_cp={"mechanisms": ["ring_p2p"], "world_sizes": [2], "balance": "document"}),
+     "sweeps.0.cp.balance", ["document", "block_sparse", "allowed"]),
     (spec_with(kernels=["naive", "naive"]), "sweeps.0.kernels", ["twice"]),
     (spec_with(sweeps=[{"name": "a"}, {"name": "a"}]), "sweeps.1.name", ["duplicate"]),
     (spec_with(sweeps=[{"name": "bad name!"}]), "sweeps.0.name", ["bad name!"]),
@@ -117,6 +134,28 @@ def test_malformed_spec_fails_naming_field(text, field, words):
 
 def test_at_least_25_malformed_specs():
     assert len(BAD) >= 25
+
+
+def test_cp_rules_honour_excludes():
+    # the ulysses cells a heads rule refuses are excluded: no cell can fail, so the spec is valid
+    text = spec_with(seqlens=[384], heads=["4:2", "6:3"], sweep_cp={"mechanisms": ["ulysses", "ring_p2p"],
+                                                                    "world_sizes": [3]},
+                     sweep_exclude=[{"cp_mechanism": "ulysses", "heads": "4:2"}])
+    assert load_spec(text=text).sweeps[0].cp["world_sizes"] == [3]
+
+
+def test_validate_command_names_field_and_allowed_values(tmp_path, capsys):
+    from longca.cli import main
+
+    path = tmp_path / "bad.yaml"
+    path.write_text(spec_with(seqlens=[384], sweep_cp={"mechanisms": ["ulysses"], "world_sizes": [3]}))
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "sweeps.0.heads.0" in err and "'4:2'" in err and "allowed" in err
+    path.write_text(spec_with(kernels=["fla_linear_attn"], sweep_cp={"mechanisms": ["ring_p2p"], "world_sizes": [2]}))
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "sweeps.0.kernels.0" in err and "fla_linear_attn" in err and "allowed: ['flex'" in err
 
 
 def test_spec_file_missing(tmp_path):

@@ -57,3 +57,18 @@ def test_failed_write_leaves_nothing(tmp_path):
     with pytest.raises(ValueError):
         write_rows(path, [{**ROW, "status": "nonsense"}])
     assert list(tmp_path.iterdir()) == []
+
+
+def test_files_respect_the_umask(tmp_path):
+    """A result file is as readable as any new file (0644 under umask 0022), not mkstemp's 0600;
+    the umask is the one the process started with (a child process here, with its own umask)."""
+    import stat
+    import subprocess
+    import sys
+
+    for umask, mode in ((0o022, 0o644), (0o077, 0o600), (0o002, 0o664)):
+        path = tmp_path / f"cell-{umask:o}.parquet"
+        code = ("import os; os.umask(%d); from longca.store.write import write_rows; "
+                "write_rows(%r, [{'kernel': 'k', 'mask': 'full', 'status': 'ok'}])" % (umask, str(path)))
+        subprocess.run([sys.executable, "-c", code], check=True)
+        assert stat.S_IMODE(path.stat().st_mode) == mode, (oct(umask), oct(path.stat().st_mode))

@@ -22,7 +22,7 @@ import pytest
 
 from wf import ROOT, copy_workflow, jobs_run
 
-# Far above the measured times (notes/slurm.md): a hang fails the test instead of stalling CI.
+# Far above the measured times (docs/slurm-ci.md): a hang fails the test instead of stalling CI.
 LIMIT_S = 540
 
 # The cancel test's spec: the default spec's shape, small. Two sweeps give two independent cell

@@ -24,7 +24,7 @@ grad, so such cells are `unsupported`), and on CPU takes float32/float16/bfloat1
 (float8_e4m3fn) runs forward only, on CUDA: q, k, v and the output in e4m3, softmax statistics in
 float32 inside the kernel. On sm90 the Triton templates' default tiles cover head dims up to
 256; head dim 256 backward is the first to run out of shared memory if anything does (see
-notes/kernels.md for what the H200 run showed).
+docs/kernels.md for what the H200 run showed).
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ import time
 
 import torch
 
-from longca.kernels.base import Capabilities, Prepared, Unsupported, sync
+from longca.kernels import rank
+from longca.kernels.base import Capabilities, Prepared, RankCapabilities, Unsupported, sync
 from longca.kernels.registry import register
 from longca.masks.mask import Mask
 
@@ -50,7 +51,7 @@ CPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 def raise_recompile_limits() -> None:
     """Dynamo's recompile limits up to RECOMPILE_LIMIT: past the default (8), dynamo silently runs
-    a compiled function eagerly, which for Flex means S x S scores (call 12's CP `oom` rows)."""
+    a compiled function eagerly, which for Flex means S x S scores (seen as CP `oom` rows on the H200)."""
     import torch._dynamo
 
     cfg = torch._dynamo.config
@@ -116,7 +117,7 @@ def backward_runs_at(block_size: int, head_dim: int, dtype: torch.dtype, device:
     Inductor keeps a backward config only when its *default* tiles divide the BlockMask block, before
     any `bwd_BLOCK_*` kernel option applies (torch/_inductor/kernel/flex/flex_attention.py); on sm90 at
     head dims 64-128 the one default is (64, 128, 128, 64), so a 64-block BlockMask has none and the
-    compile fails with NoValidChoicesError (the H200's sparse_long call 25). On CPU Flex has no
+    compile fails with NoValidChoicesError (seen on the H200 in the sparse_long sweep). On CPU Flex has no
     backward at all (the adapter refuses it separately), so any block passes here. If torch's table
     cannot be read, only 128 is trusted.
     """
@@ -148,19 +149,25 @@ class FlexAttention:
         mask_forms=frozenset({"blockmask"}),
         # fp8 (e4m3, forward only, CUDA only): Flex's Triton template takes fp8 q, k, v and returns
         # fp8; on the H200 (torch 2.11) it ran at 1.3-2.8x its bf16 rate, while the backward's
-        # Inductor kernel failed to compile ('llvm.fmul' on i8) at head dims 64-256 (call 59)
+        # Inductor kernel failed to compile ('llvm.fmul' on i8) at head dims 64-256
         dtypes=frozenset({"float32", "float16", "bfloat16", "float8_e4m3fn"}),
         devices=frozenset({"cpu", "cuda"}),
         head_dims=None,
         gqa=True,
         backward=True,  # CUDA only: on CPU the call raises Unsupported for inputs that need grad
         backward_dtypes=frozenset({"float32", "float16", "bfloat16"}),
-        # benchmarks/flex_retained_graph.py on the H200 (torch 2.11, call 32): 3 backwards on one
-        # retained graph give gradients bitwise equal to a fresh forward + backward's (4 masks, 4K).
-        # The first session's runner saw errors with it (9bbde11, calls 1 and 3; their text was not
-        # kept, so the cause is unknown). A cell where it fails is an `error` row, never a number.
+        # benchmarks/flex_retained_graph.py on the H200 (torch 2.11): 3 backwards on one retained
+        # graph give gradients bitwise equal to a fresh forward + backward's (4 masks, 4K). An early
+        # runner saw errors with it (9bbde11; their text was not kept, so the cause is unknown).
+        # A cell where it fails is an `error` row, never a number.
         retained_backward=True,
+        cp=RankCapabilities(devices=frozenset({"cpu", "cuda"}),
+                            dtypes=frozenset({"float64", "float32", "bfloat16", "float16"}), block_sparse=True,
+                            note="backward: Flex's backward kernel on the combined out/LSE (eager off CUDA)"),
     )
+
+    def rank_kernel(self) -> rank.Flex:
+        return rank.Flex()
 
     def grad_changes_form(self, mask: Mask, *, head_dim: int, dtype: torch.dtype, device: torch.device) -> bool:
         """Whether a forward-only call gets another BlockMask than one with gradients (see base.py)."""

@@ -58,7 +58,7 @@ TOLERANCE = {"float32": 5e-3, "float16": 2e-2, "bfloat16": 3e-2}
 CAPS = Capabilities(
     mask_forms=frozenset(FORM_OF_MASK.values()),
     dtypes=frozenset({"bfloat16", "float16", "float32"}),
-    devices=frozenset({"cuda"}),  # Triton GPU kernels; they do not run under TRITON_INTERPRET=1 (notes/linear.md)
+    devices=frozenset({"cuda"}),  # Triton GPU kernels; they do not run under TRITON_INTERPRET=1 (docs/linear.md)
     head_dims=frozenset({64, 128, 256}),  # fla's chunk kernels take K, V <= 256
     gqa=True,
     backward=True,

@@ -10,7 +10,8 @@ import math
 
 import torch
 
-from longca.kernels.base import Capabilities, Prepared
+from longca.kernels import rank
+from longca.kernels.base import Capabilities, Prepared, RankCapabilities
 from longca.kernels.registry import register
 from longca.masks.mask import Mask
 from longca.measure.reference import dense_mask_tensor
@@ -24,7 +25,13 @@ class NaiveAttention:
         mask_forms=frozenset({"full", "dense"}),
         dtypes=frozenset({"float32", "float16", "bfloat16", "float64"}),
         devices=frozenset({"cpu", "cuda"}),
+        cp=RankCapabilities(devices=frozenset({"cpu", "cuda"}),
+                            dtypes=frozenset({"float64", "float32", "bfloat16", "float16"}),
+                            block_sparse=True, note="dense mask per step; O(S^2) memory"),
     )
+
+    def rank_kernel(self) -> rank.Naive:
+        return rank.Naive()
 
     def prepare(self, mask: Mask, *, batch, heads_q, heads_kv, head_dim, dtype, device, form) -> Prepared:
         group = heads_q // heads_kv

@@ -14,7 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from longca.kernels.base import Capabilities, Prepared, Unsupported
+from longca.kernels import rank
+from longca.kernels.base import Capabilities, Prepared, RankCapabilities, Unsupported
+from longca.masks.slices import Kind
 from longca.kernels.registry import register
 from longca.masks.mask import Mask
 from longca.measure.reference import dense_mask_tensor
@@ -26,6 +28,10 @@ _BACKENDS = {
     "cudnn": SDPBackend.CUDNN_ATTENTION,
 }
 _HALF = frozenset({"float16", "bfloat16"})
+# torch's flash and cuDNN ops return the LSE and take it in their backward: per-rank kernels on
+# FULL and square CAUSAL rectangles (longca.kernels.rank.Sdpa)
+_RANK = RankCapabilities(devices=frozenset({"cuda"}), dtypes=_HALF, slice_kinds=frozenset({Kind.FULL, Kind.CAUSAL}),
+                         note="FULL / CAUSAL sub-masks only")
 _PROBE_LEN = 128
 
 
@@ -50,6 +56,10 @@ class SdpaAttention:
         self.name = f"sdpa_{backend}"
         self.caps = caps
         self.description = description
+
+    def rank_kernel(self) -> rank.Sdpa:
+        """The per-rank kernel of this backend (flash and cuDNN declare `caps.cp`)."""
+        return rank.Sdpa(self.backend)
 
     def prepare(self, mask: Mask, *, batch, heads_q, heads_kv, head_dim, dtype, device, form) -> Prepared:
         attn_mask = None
@@ -90,11 +100,11 @@ register(SdpaAttention("math", Capabilities(frozenset({"full", "causal", "dense"
                                              devices=frozenset({"cpu", "cuda"})),
                        "SDPA, math backend (reference implementation inside torch)"))
 register(SdpaAttention("flash", Capabilities(frozenset({"full", "causal"}), _ALL, devices=frozenset({"cpu", "cuda"}),
-                                              head_dims=frozenset({64, 96, 128, 192, 256, 16, 32})),
+                                              head_dims=frozenset({64, 96, 128, 192, 256, 16, 32}), cp=_RANK),
                        "SDPA, flash backend (FlashAttention-2 inside torch on CUDA; torch's CPU flash kernel on CPU)"))
 register(SdpaAttention("efficient", Capabilities(frozenset({"full", "causal", "dense"}), _ALL,
                                                   devices=frozenset({"cuda"})),
                        "SDPA, memory-efficient backend (xFormers kernel inside torch)"))
 register(SdpaAttention("cudnn", Capabilities(frozenset({"full", "causal", "dense"}), _HALF, devices=frozenset({"cuda"}),
-                                              min_compute_capability=(8, 0)),
+                                              min_compute_capability=(8, 0), cp=_RANK),
                        "SDPA, cuDNN fused attention backend"))

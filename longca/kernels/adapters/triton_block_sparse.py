@@ -14,7 +14,8 @@ from dataclasses import replace
 
 import torch
 
-from longca.kernels.base import Capabilities, Prepared, sync
+from longca.kernels import rank
+from longca.kernels.base import Capabilities, Prepared, RankCapabilities, sync
 from longca.kernels.registry import register
 from longca.masks.mask import Mask
 
@@ -33,7 +34,13 @@ class TritonBlockSparse:
         backward_dtypes=frozenset({"bfloat16", "float16"}),
         min_compute_capability=(8, 0),
         package="triton",
+        cp=RankCapabilities(devices=frozenset({"cpu", "cuda"}), dtypes=frozenset({"float32", "bfloat16", "float16"}),
+                            slice_kinds=frozenset(), block_sparse=True,
+                            note="block-sparse masks only; CPU only under TRITON_INTERPRET=1"),
     )
+
+    def rank_kernel(self) -> rank.TritonBlockSparse:
+        return rank.TritonBlockSparse()
 
     def prepare(self, mask: Mask, *, batch: int, heads_q: int, heads_kv: int, head_dim: int,
                 dtype: torch.dtype, device: torch.device, form: str, config=None) -> Prepared:
@@ -52,7 +59,7 @@ class TritonBlockSparse:
         config = config or default_config(head_dim, mask.blocks.uniform_block)
         if dtype.itemsize == 1 and config.fwd_kernel != "ptr":
             # Triton 3.6 fails to compile the TMA forwards for e4m3 on the H200 ("PassManager::run
-            # failed" at the TMA kernel, call 64); the pointer kernel compiles and checks correct
+            # failed" at the TMA kernel); the pointer kernel compiles and checks correct
             config = replace(config, fwd_kernel="ptr")
         plan = build_plan(mask.blocks, device, config)
         sync(device)

@@ -16,19 +16,19 @@ _DEFAULTS: dict[int, KernelConfig] = {
     32: KernelConfig(TileConfig(64, 64, 4, 2), TileConfig(32, 64, 4, 2), TileConfig(64, 32, 4, 2)),
     64: KernelConfig(TileConfig(128, 64, 4, 3), TileConfig(32, 128, 4, 3), TileConfig(128, 32, 4, 3)),
     # D=128 on blocks that are not multiples of 64 (variable blocks): the forward tile that ran
-    # variable blocks at 364-370 TFLOP/s on the H200 (call 6); backward tiles as for uniform blocks.
+    # variable blocks at 364-370 TFLOP/s on the H200; backward tiles as for uniform blocks.
     128: KernelConfig(TileConfig(128, 64, 8, 3), TileConfig(64, 64, 4, 2), TileConfig(64, 64, 4, 3)),
     256: KernelConfig(TileConfig(64, 32, 8, 2), TileConfig(16, 64, 8, 1), TileConfig(64, 16, 8, 1)),
 }
 
 # Uniform blocks, by (head_dim, block size the tiles must divide): tuned on the H200 with
-# `benchmarks/sparse_triton.py --tune-only` (call 7, 32K tokens, 16:2 heads, density 0.5; the
-# candidates and their TFLOP/s are in NOTES.md). The warp count matters as much as the tile:
+# `benchmarks/sparse_triton.py --tune-only` (32K tokens, 16:2 heads, density 0.5; the
+# candidates and their TFLOP/s are in docs/sparse.md). The warp count matters as much as the tile:
 # block 64 runs its 64 x 64 forward at 446 TFLOP/s with 4 warps and 285 with 8.
 _BY_BLOCK: dict[tuple[int, int], KernelConfig] = {
     # Forward: TMA loads with Triton's warp specialization, 128 x 128 tiles, 4 warps, 2 stages: 567-573
     # TFLOP/s at the 64K goal shape, 0.95-0.96 of dense cuDNN, where the pointer kernel's 128 x 128 x 8
-    # x 3 ran 485 (0.81) in the same session (`sparse_triton.py --variants`, NOTES.md).
+    # x 3 ran 485 (0.81) in the same run (`sparse_triton.py --variants`, docs/sparse.md).
     (128, 128): KernelConfig(TileConfig(128, 128, 4, 2), TileConfig(64, 64, 4, 2), TileConfig(64, 64, 4, 3),
                              fwd_kernel="tma_ws"),
     (128, 64): KernelConfig(TileConfig(64, 64, 4, 3), TileConfig(64, 64, 4, 2), TileConfig(64, 64, 4, 3)),

@@ -1,6 +1,6 @@
 """The fla adapters: declared capabilities, mask handling, packing, GQA, extra inputs, the
 reference and FLOPs handed to the runner. fla's Triton kernels need a GPU (they do not run under
-TRITON_INTERPRET=1, see notes/linear.md), so the kernel-vs-reference test runs only with CUDA."""
+TRITON_INTERPRET=1, see docs/linear.md), so the kernel-vs-reference test runs only with CUDA."""
 
 from __future__ import annotations
 

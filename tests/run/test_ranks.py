@@ -1,0 +1,136 @@
+"""The CP cell runner on a gloo group of 2 CPU processes: rows from the one row builder that fit
+the schema, exact FLOPs, areas and bytes, the spec's check and mask draws applied, and every
+failure path ending as a row with the same status on all ranks."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pyarrow.parquet as pq
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from longca.kernels.base import RankCapabilities
+from longca.kernels.rank import Naive
+from longca.kernels.registry import KERNELS, get
+from longca.masks.registry import build_mask
+from longca.run import ranks
+from longca.store.write import write_rows
+
+from .cp_cells import cp_cell
+
+CELLS = {
+    "ok_ring": cp_cell(),
+    "ok_ring_bwd": cp_cell(pass_="bwd"),
+    "ok_usp_fwd": cp_cell(cp_mechanism="usp", cp_degrees=(("ulysses", 2), ("ring", 1)), mask="causal_document",
+                          cp_balance="document", pass_="fwd"),
+    "heads": cp_cell(cp_mechanism="ulysses", cp_degrees=(("ulysses", 2),), heads_q=3, heads_kv=1),
+    "indivisible": cp_cell(seqlen=66),
+    "wrong_kernel": cp_cell(kernel="off_by_one_percent"),
+    "not_per_rank": cp_cell(kernel="sdpa_math"),
+    "warm_count": cp_cell(pass_="fwd", repeat={"warmup": 3}),
+    "warm_budget": cp_cell(pass_="fwd", repeat={"warmup": 3, "warmup_s": 1e-9}),  # ranks stop together
+    "cooled": cp_cell(pass_="fwd", repeat={"cooldown_s": 0.2}),  # every rank idles before its warm-up
+    # the spec's check applies: its reduced length, and one row per mask draw
+    "short_check": cp_cell(seqlen=256, pass_="fwd", check={"max_seqlen": 128}),
+    "draws": cp_cell(seqlen=256, pass_="fwd", mask="causal_document", cp_balance="document", samples=3),
+}
+
+
+class _OffByOnePercent(Naive):
+    """A deliberately wrong per-rank kernel: the correctness gate must turn it into `incorrect`."""
+
+    def fwd(self, q, k, v, sub):
+        out, lse = super().fwd(q, k, v, sub)
+        return out * 1.01, lse
+
+
+class _OffByOnePercentKernel:
+    name = "off_by_one_percent"
+    layout = "bhsd"
+    description = "test: a per-rank kernel 1% off"
+    caps = get("naive").caps
+
+    def rank_kernel(self):
+        return _OffByOnePercent()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, port: int, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    KERNELS.setdefault("off_by_one_percent", _OffByOnePercentKernel())
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    for name, cell in CELLS.items():
+        rows = ranks.run_cell(cell, rank, 2, torch.device("cpu"))
+        if rank == 0:
+            write_rows(os.path.join(out_dir, f"{name}.parquet"), rows)  # every key a schema column
+        else:  # every rank must reach the same verdict
+            with open(os.path.join(out_dir, f"{name}.rank1"), "w") as f:
+                f.write(",".join(r["status"] for r in rows))
+    dist.destroy_process_group()
+
+
+def test_cells_become_rows(tmp_path):
+    assert isinstance(get("naive").caps.cp, RankCapabilities)
+    mp.start_processes(_worker, args=(_free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
+    tables = {name: pq.read_table(tmp_path / f"{name}.parquet").to_pylist() for name in CELLS}
+    for name, rows in tables.items():
+        assert (tmp_path / f"{name}.rank1").read_text() == ",".join(r["status"] for r in rows)
+    rows = {name: t[0] for name, t in tables.items()}
+
+    ok = rows["ok_ring"]
+    assert ok["status"] == "ok", ok["reason"]
+    assert (ok["cell_id"], ok["cell_digest"], ok["world_size"]) == (CELLS["ok_ring"].id, CELLS["ok_ring"].digest, 2)
+    bwd = rows["ok_ring_bwd"]  # backward samples all run on one forward's graph, and the row says so
+    assert bwd["status"] == "ok" and (ok["timer"], bwd["timer"]) == ("cpu_monotonic", "cpu_monotonic+retained_graph")
+    area = build_mask("causal", 64).area
+    assert ok["mask_area"] == 2 * area and sum(ok["rank_area"]) == 2 * area
+    assert ok["rank_area"] == [2 * area // 2] * 2  # zigzag balances causal exactly
+    assert ok["flops"] == 3.5 * 4 * 2 * area * 4 * 8
+    # fwd: one KV exchange; bwd: one KV exchange and two dK/dV hops (float64): 4 x (K + V bytes).
+    kv_bytes = 2 * (2 * 2 * 32 * 8 * 8)
+    assert ok["rank_bytes_sent"] == [4 * kv_bytes] * 2
+    assert max(ok[k] for k in ("rel_err_out", "rel_err_dq", "rel_err_dk", "rel_err_dv")) < 1e-12
+    assert ok["check_seqlen"] == 64
+    assert ok["timed_iters"] == len(ok["samples_ms"]) >= 1
+    assert ok["tflops"] == ok["flops"] / (ok["median_ms"] * 1e-3 * 2) / 1e12
+    assert ok["cp_degrees"] == '{"ring": 2, "ulysses": 1, "windows": 1}' and ok["layout"] == "bhsd"
+    assert ok["backend"] == "naive" and ok["mask_form"] == "slices" and ok["device_count"] == 2
+
+    usp = rows["ok_usp_fwd"]
+    assert usp["status"] == "ok", usp["reason"]
+    assert usp["rel_err_out"] < 1e-12 and usp.get("rel_err_dq") is None  # forward cells check the output
+
+    assert rows["heads"]["status"] == "unsupported"
+    assert "heads_q=3 is not divisible by the Ulysses degree 2" in rows["heads"]["reason"]
+    assert rows["indivisible"]["status"] == "unsupported" and "seqlen=66" in rows["indivisible"]["reason"]
+    wrong = rows["wrong_kernel"]
+    assert wrong["status"] == "incorrect" and "out=" in wrong["reason"] and wrong.get("median_ms") is None
+    assert wrong["rel_err_out"] > 1e-3  # the errors the verdict saw are in the row
+    assert rows["not_per_rank"]["status"] == "unsupported"
+    assert "cannot be a context-parallel per-rank kernel" in rows["not_per_rank"]["reason"]
+
+    # phase times, and the warm-up count a time budget cuts
+    assert ok["check_s"] > 0 and 0 < ok["warmup_s"] <= ok["timer_wall_s"] <= ok["cell_wall_s"]
+    assert ok["warmup_iters"] == 1
+    assert rows["warm_count"]["warmup_iters"] == 3
+    assert rows["warm_budget"]["status"] == "ok" and rows["warm_budget"]["warmup_iters"] == 1
+    cooled = rows["cooled"]
+    assert cooled["status"] == "ok" and cooled["cooldown_s"] >= 0.2 and ok["cooldown_s"] == 0.0
+    assert cooled["timer_wall_s"] + cooled["cooldown_s"] <= cooled["cell_wall_s"]  # the pause is outside the timer
+    assert ok.get("clock_start_mhz") is None  # CPU ranks have no GPU clock to read
+
+    short = rows["short_check"]
+    assert short["status"] == "ok" and short["check_seqlen"] == 128  # the spec's check.max_seqlen
+    draws = tables["draws"]
+    assert [r["status"] for r in draws] == ["ok"] * 3 and [r["mask_sample"] for r in draws] == [0, 1, 2]
+    areas = [2 * build_mask("causal_document", 256, {}, seed=0, sample=i).area for i in range(3)]
+    assert [r["mask_area"] for r in draws] == areas and len(set(areas)) == 2  # each row measured its own draw
+    assert all(r["mask_samples"] == 3 for r in draws)

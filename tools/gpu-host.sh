@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Run any spec on a GPU host without network, for at most LIMIT_S seconds, continuing where the
+# committed results stop (docs/gpu-host.md).
+#
+#   bash tools/gpu-host.sh OUTDIR SPEC [LIMIT_S] [longca run arguments...]
+#   e.g. bash tools/gpu-host.sh "$OUT" specs/h200.yaml 540 --sweep dense --only seqlen=32K
+#
+# 1. Carried packages are unpacked: wheels in .whl/ (pip --target /tmp/site), FlashAttention-4's
+#    bundle .bundles/fa4.tar.xz (../shared/tools/pack-fa4.sh), FA4's compiled-kernel cache
+#    .fa4-cache/fa4-cache.tar.xz and Triton's autotune cache .triton-autotune/triton-autotune.tar.gz
+#    (what an earlier call returned), each only when present.
+# 2. The spec's committed aggregate (results/<name>/all.parquet) is unpacked into cell files, so
+#    this call runs only the cells still missing.
+# 3. `longca run` measures them, one process per visible GPU (`--shard g/N`), stopped by SIGTERM
+#    (the chunk supervisor ends its workers and records nothing half-written) when time is up.
+# 4. OUTDIR gets <name>.parquet (the committed rows plus this call's), logs.tar.gz, env.txt and
+#    the two caches for the next call. Copy <name>.parquet to results/<name>/all.parquet, commit,
+#    and call again until `longca plan SPEC --rows results/<name>/all.parquet` lists nothing to run.
+set -u
+out=${1:?usage: gpu-host.sh OUTDIR SPEC [LIMIT_S] [longca run arguments...]}
+spec=${2:?usage: gpu-host.sh OUTDIR SPEC [LIMIT_S] [longca run arguments...]}
+limit=${3:-540}
+shift $(( $# < 3 ? $# : 3 ))
+start=$SECONDS
+mkdir -p "$out"
+logs=$(mktemp -d)
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=/tmp/fa4-jit-cache TRITON_CACHE_DIR=$PWD/.triton-cache
+mkdir -p "$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR" "$TRITON_CACHE_DIR"
+
+# 1. carried packages and caches (in the background: restoring the cells needs none of them)
+(
+  wheels=$(ls .whl/*.whl 2>/dev/null)
+  [ -n "$wheels" ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $wheels
+  [ -f .bundles/fa4.tar.xz ] && mkdir -p /tmp/fa4 && tar xJf .bundles/fa4.tar.xz -C /tmp/fa4
+  [ -f .fa4-cache/fa4-cache.tar.xz ] && tar xJf .fa4-cache/fa4-cache.tar.xz -C "$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
+  [ -f .triton-autotune/triton-autotune.tar.gz ] && tar xzf .triton-autotune/triton-autotune.tar.gz -C "$TRITON_CACHE_DIR"
+  true
+) > "$logs/setup.log" 2>&1 &
+unpacking=$!
+# 2. the committed cells of this spec
+name=$(python3 -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["name"])' "$spec")
+agg=results/$name/all.parquet
+[ -f "$agg" ] && PYTHONPATH=$PWD python3 -m longca.cli unpack "$agg" >> "$logs/setup.log" 2>&1
+wait "$unpacking"
+export PYTHONPATH=$PWD:/tmp/site:/tmp/fa4:/tmp/fa4/nvidia_cutlass_dsl/dsl_packages
+{ nvidia-smi; python3 -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda,
+  "triton", triton.__version__)'; echo "set-up: $((SECONDS - start)) s"; } > "$out/env.txt" 2>&1
+ngpu=$(python3 -c 'import torch; print(max(1, torch.cuda.device_count()))')
+
+# 3. the missing cells, one process per GPU, stopped when the time is up (40 s kept for step 4)
+left=$(( limit - (SECONDS - start) - 40 ))
+if [ "$left" -gt 10 ]; then
+  for ((g = 0; g < ngpu; g++)); do
+    shard=(); [ "$ngpu" -gt 1 ] && shard=(--shard "$g/$ngpu")
+    (
+      t0=$(date +%s.%N)
+      timeout -k 10 -s TERM "$left" python3 -m longca.cli run --spec "$spec" "$@" "${shard[@]}"
+      # the process's whole wall, start-up included: what tools/sweep_efficiency.py divides by
+      echo "process wall $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s: --spec $spec $* ${shard[*]}"
+    ) > "$logs/run-$g.log" 2>&1 &
+  done
+  wait
+fi
+
+# 4. what comes back
+keep=(); [ -f "$agg" ] && keep=(--keep "$agg")
+python3 -m longca.cli aggregate --spec "$spec" --present-only "${keep[@]}" --out "$out/$name.parquet" > "$logs/aggregate.log" 2>&1
+python3 -m longca.cli plan "$spec" --rows "$out/$name.parquet" > "$out/plan.txt" 2>&1
+tar -C "$logs" -czf "$out/logs.tar.gz" .
+tar -C "$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR" -cJf "$out/fa4-cache.tar.xz" . 2>/dev/null
+tar -C "$TRITON_CACHE_DIR" -czf "$out/triton-autotune.tar.gz" . 2>/dev/null
+tail -n 3 "$logs"/run-*.log "$logs/aggregate.log" 2>/dev/null
+head -n 1 "$out/plan.txt"
+echo "gpu-host: $((SECONDS - start)) s"
