@@ -34,21 +34,25 @@ import traceback
 import torch
 
 from longca.cp.comm import LocalComm
-from longca.kernels.registry import rank_kernel
 from longca.cp.mechanisms import build_plan, cp_attention
 from longca.cp.reference import reference_attention, rel_err
 from longca.cp.sharding import make_sharding
 from longca.cp.topology import Topology
 from longca.kernels.base import choose_form
-from longca.kernels.registry import get
+from longca.kernels.registry import get, rank_kernel
 from longca.masks.forms import forms_of
 from longca.masks.registry import build_mask
 from longca.measure.flops import attention_flops
 from longca.measure.timer import timer_for
 
 # As the CP sweeps balance these masks (specs/h200-cp.yaml, call 19's table); others zigzag.
-BALANCE = {"causal": "zigzag", "full": "contiguous", "causal_document": "document", "full_document": "document",
-           "share_question": "document"}
+BALANCE = {
+    "causal": "zigzag",
+    "full": "contiguous",
+    "causal_document": "document",
+    "full_document": "document",
+    "share_question": "document",
+}
 
 
 def _plans(mask_name, mask, world, hq, hk, kernel, device, mechanism, q, k, v):
@@ -58,8 +62,19 @@ def _plans(mask_name, mask, world, hq, hk, kernel, device, mechanism, q, k, v):
     kv_of = [(k[:, :, p].contiguous(), v[:, :, p].contiguous()) for p in pos]
     out = []
     for r in range(world):
-        plan = build_plan(mechanism, None, mask.slices, sharding, r, hq, hk, kernel, device,
-                          LocalComm(kv_of, r), topo=Topology(world, r, 1, world))
+        plan = build_plan(
+            mechanism,
+            None,
+            mask.slices,
+            sharding,
+            r,
+            hq,
+            hk,
+            kernel,
+            device,
+            LocalComm(kv_of, r),
+            topo=Topology(world, r, 1, world),
+        )
         out.append((plan, q[:, :, pos[r]].contiguous(), kv_of[r], pos[r]))
     return out
 
@@ -125,8 +140,7 @@ def single_device(mask_name, s, hq, hk, d, dtype, device, kernel_name, timer, re
     kernel = get(kernel_name)
     mask = build_mask(mask_name, s)
     form = choose_form(kernel.caps, forms_of(mask_name))
-    prepared = kernel.prepare(mask, batch=1, heads_q=hq, heads_kv=hk, head_dim=d, dtype=dtype, device=device,
-                              form=form)
+    prepared = kernel.prepare(mask, batch=1, heads_q=hq, heads_kv=hk, head_dim=d, dtype=dtype, device=device, form=form)
     q, k, v = _inputs(s, hq, hk, d, dtype, device, 2)
     if pass_ == "fwd":
         with torch.no_grad():
@@ -143,8 +157,12 @@ def single_device(mask_name, s, hq, hk, d, dtype, device, kernel_name, timer, re
 
         t = timer.time(lambda: saved["out"].backward(do), before=fresh_forward, **rep)
     flops = attention_flops(mask.area, hq, d, pass_)
-    return {"single_kernel": kernel_name, "single_form": form, "single_ms": t.median_ms,
-            "single_tflops": flops / (t.median_ms * 1e-3) / 1e12}
+    return {
+        "single_kernel": kernel_name,
+        "single_form": form,
+        "single_ms": t.median_ms,
+        "single_tflops": flops / (t.median_ms * 1e-3) / 1e12,
+    }
 
 
 def measure(mask_name, world, per_gpu, hq, hk, d, dtype, kernel, device, mechanism, timer, rep) -> dict:
@@ -156,19 +174,37 @@ def measure(mask_name, world, per_gpu, hq, hk, d, dtype, kernel, device, mechani
         for plan, ql, (kl, vl), _ in _plans(mask_name, mask, world, hq, hk, kernel, device, mechanism, q, k, v):
             t = timer.time(lambda: cp_attention(ql, kl, vl, plan), **rep)
             area = plan.rank_area(1)[plan.topo.rank]
-            ranks.append({"ms": t.median_ms, "area": area, "timed_iters": t.timed_iters,
-                          "tflops": attention_flops(area, hq, d, "fwd") / (t.median_ms * 1e-3) / 1e12})
+            ranks.append(
+                {
+                    "ms": t.median_ms,
+                    "area": area,
+                    "timed_iters": t.timed_iters,
+                    "tflops": attention_flops(area, hq, d, "fwd") / (t.median_ms * 1e-3) / 1e12,
+                }
+            )
     slowest = max(r["ms"] for r in ranks)
     per_gpu_tflops = attention_flops(mask.area, hq, d, "fwd") / (slowest * 1e-3 * world) / 1e12
     # whether the local kernel passed GQA K/V unrepeated (sdpa decides once per device, dtype, head dim)
     native = kernel.native_gqa(q) if hq != hk and hasattr(kernel, "native_gqa") else None
-    return {"mask": mask_name, "world": world, "tokens_per_gpu": per_gpu, "seqlen": s, "heads": f"{hq}:{hk}",
-            "head_dim": d, "mechanism": mechanism, "balance": BALANCE.get(mask_name, "zigzag"),
-            "kernel": kernel.name, "native_gqa": native, "ranks": ranks, "cp_per_gpu_tflops": per_gpu_tflops}
+    return {
+        "mask": mask_name,
+        "world": world,
+        "tokens_per_gpu": per_gpu,
+        "seqlen": s,
+        "heads": f"{hq}:{hk}",
+        "head_dim": d,
+        "mechanism": mechanism,
+        "balance": BALANCE.get(mask_name, "zigzag"),
+        "kernel": kernel.name,
+        "native_gqa": native,
+        "ranks": ranks,
+        "cp_per_gpu_tflops": per_gpu_tflops,
+    }
 
 
-def measure_bwd(mask_name, world, per_gpu, hq, hk, d, dtype, kernel, device, mechanism, timer, rep,
-                also_autograd: bool) -> dict:
+def measure_bwd(
+    mask_name, world, per_gpu, hq, hk, d, dtype, kernel, device, mechanism, timer, rep, also_autograd: bool
+) -> dict:
     """Per rank: its local backward (steps' bwd on the combined out/LSE, accumulation) timed."""
     from longca.kernels.rank import bwd_by_autograd
 
@@ -178,8 +214,9 @@ def measure_bwd(mask_name, world, per_gpu, hq, hk, d, dtype, kernel, device, mec
     do = _inputs(s, hq, hk, d, dtype, device, 5)[0]
     ways = {"direct": kernel.bwd}
     if also_autograd:
-        ways["autograd"] = lambda dout, q_, k_, v_, o, l, sub: bwd_by_autograd(
-            lambda a, b, c: kernel._call(a, b, c, sub), dout, q_, k_, v_, o, l)
+        ways["autograd"] = lambda dout, q_, k_, v_, o, lse, sub: bwd_by_autograd(
+            lambda a, b, c: kernel._call(a, b, c, sub), dout, q_, k_, v_, o, lse
+        )
     ranks = []
     with torch.no_grad():
         for plan, ql, (kl, vl), pos in _plans(mask_name, mask, world, hq, hk, kernel, device, mechanism, q, k, v):
@@ -193,9 +230,19 @@ def measure_bwd(mask_name, world, per_gpu, hq, hk, d, dtype, kernel, device, mec
                 rank[f"{name}_iters"] = t.timed_iters
                 rank[f"{name}_tflops"] = attention_flops(area, hq, d, "bwd") / (t.median_ms * 1e-3) / 1e12
             ranks.append(rank)
-    row = {"mask": mask_name, "world": world, "tokens_per_gpu": per_gpu, "seqlen": s, "heads": f"{hq}:{hk}",
-           "head_dim": d, "mechanism": mechanism, "balance": BALANCE.get(mask_name, "zigzag"), "pass": "bwd",
-           "kernel": kernel.name, "ranks": ranks}
+    row = {
+        "mask": mask_name,
+        "world": world,
+        "tokens_per_gpu": per_gpu,
+        "seqlen": s,
+        "heads": f"{hq}:{hk}",
+        "head_dim": d,
+        "mechanism": mechanism,
+        "balance": BALANCE.get(mask_name, "zigzag"),
+        "pass": "bwd",
+        "kernel": kernel.name,
+        "ranks": ranks,
+    }
     for name in ways:
         slowest = max(r[f"{name}_ms"] for r in ranks)
         row[f"cp_per_gpu_tflops_{name}"] = attention_flops(mask.area, hq, d, "bwd") / (slowest * 1e-3 * world) / 1e12
@@ -213,15 +260,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--kernel", default="sdpa_cudnn", help="the per-rank local kernel (longca.kernels.rank)")
-    ap.add_argument("--single", default="sdpa_cudnn",
-                    help="the single-device kernel (longca.kernels); 'none' skips it (compare with sweep rows)")
+    ap.add_argument(
+        "--single",
+        default="sdpa_cudnn",
+        help="the single-device kernel (longca.kernels); 'none' skips it (compare with sweep rows)",
+    )
     ap.add_argument("--mechanism", default="ring_p2p", choices=["ring_p2p", "ring_allgather"])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--check-seqlen", type=int, default=4096)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--pass", dest="pass_", default="fwd", choices=["fwd", "bwd"])
-    ap.add_argument("--also-autograd", action="store_true",
-                    help="with --pass bwd: also time the steps through bwd_by_autograd (forward run again)")
+    ap.add_argument(
+        "--also-autograd",
+        action="store_true",
+        help="with --pass bwd: also time the steps through bwd_by_autograd (forward run again)",
+    )
     args = ap.parse_args(argv)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     kernel = rank_kernel(args.kernel)
@@ -233,16 +286,43 @@ def main(argv: list[str] | None = None) -> int:
         for mask_name in args.masks:
             try:
                 if args.pass_ == "fwd":
-                    errs = {"out": check(mask_name, args.world, hq, hk, args.head_dim, dtype, kernel, device,
-                                         args.mechanism, args.check_seqlen)}
+                    errs = {
+                        "out": check(
+                            mask_name,
+                            args.world,
+                            hq,
+                            hk,
+                            args.head_dim,
+                            dtype,
+                            kernel,
+                            device,
+                            args.mechanism,
+                            args.check_seqlen,
+                        )
+                    }
                 else:
-                    errs = check_bwd(mask_name, args.world, hq, hk, args.head_dim, dtype, kernel, device,
-                                     args.mechanism, args.check_seqlen)
+                    errs = check_bwd(
+                        mask_name,
+                        args.world,
+                        hq,
+                        hk,
+                        args.head_dim,
+                        dtype,
+                        kernel,
+                        device,
+                        args.mechanism,
+                        args.check_seqlen,
+                    )
             except Exception:  # noqa: BLE001 - recorded; the next configuration still runs
                 errs = {"failure": traceback.format_exc()}
             for per_gpu in args.tokens_per_gpu:
-                row = {"mask": mask_name, "heads": heads, "tokens_per_gpu": per_gpu, "check_seqlen": args.check_seqlen,
-                       **{f"rel_err_{k}": e for k, e in errs.items()}}
+                row = {
+                    "mask": mask_name,
+                    "heads": heads,
+                    "tokens_per_gpu": per_gpu,
+                    "check_seqlen": args.check_seqlen,
+                    **{f"rel_err_{k}": e for k, e in errs.items()},
+                }
                 if "failure" in errs:
                     row["status"] = "error"
                 elif max(errs.values()) > 2e-2:  # a wrong result is never timed
@@ -250,23 +330,83 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     try:
                         if args.pass_ == "fwd":
-                            row.update(measure(mask_name, args.world, per_gpu, hq, hk, args.head_dim, dtype, kernel,
-                                               device, args.mechanism, timer, rep))
+                            row.update(
+                                measure(
+                                    mask_name,
+                                    args.world,
+                                    per_gpu,
+                                    hq,
+                                    hk,
+                                    args.head_dim,
+                                    dtype,
+                                    kernel,
+                                    device,
+                                    args.mechanism,
+                                    timer,
+                                    rep,
+                                )
+                            )
                         else:
-                            row.update(measure_bwd(mask_name, args.world, per_gpu, hq, hk, args.head_dim, dtype,
-                                                   kernel, device, args.mechanism, timer, rep, args.also_autograd))
+                            row.update(
+                                measure_bwd(
+                                    mask_name,
+                                    args.world,
+                                    per_gpu,
+                                    hq,
+                                    hk,
+                                    args.head_dim,
+                                    dtype,
+                                    kernel,
+                                    device,
+                                    args.mechanism,
+                                    timer,
+                                    rep,
+                                    args.also_autograd,
+                                )
+                            )
                         if args.single != "none":
-                            row.update(single_device(mask_name, per_gpu, hq, hk, args.head_dim, dtype, device,
-                                                     args.single, timer, rep, args.pass_))
+                            row.update(
+                                single_device(
+                                    mask_name,
+                                    per_gpu,
+                                    hq,
+                                    hk,
+                                    args.head_dim,
+                                    dtype,
+                                    device,
+                                    args.single,
+                                    timer,
+                                    rep,
+                                    args.pass_,
+                                )
+                            )
                             row["ratio"] = row["cp_per_gpu_tflops"] / row["single_tflops"]
                         row["status"] = "ok"
                     except Exception:  # noqa: BLE001
                         row.update(status="error", failure=traceback.format_exc())
                 rows.append(row)
-                print(json.dumps({k: row.get(k) for k in ("mask", "heads", "tokens_per_gpu", "status", "rel_err_out",
-                                                           "rel_err_dq", "rel_err_dk", "rel_err_dv",
-                                                           "cp_per_gpu_tflops", "cp_per_gpu_tflops_autograd",
-                                                           "single_tflops", "ratio")}), flush=True)
+                print(
+                    json.dumps(
+                        {
+                            k: row.get(k)
+                            for k in (
+                                "mask",
+                                "heads",
+                                "tokens_per_gpu",
+                                "status",
+                                "rel_err_out",
+                                "rel_err_dq",
+                                "rel_err_dk",
+                                "rel_err_dv",
+                                "cp_per_gpu_tflops",
+                                "cp_per_gpu_tflops_autograd",
+                                "single_tflops",
+                                "ratio",
+                            )
+                        }
+                    ),
+                    flush=True,
+                )
                 if "failure" in row or "failure" in errs:
                     print(row.get("failure") or errs["failure"], file=sys.stderr, flush=True)
                 with open(args.out, "w") as f:  # after every row: a call cut short keeps what ran

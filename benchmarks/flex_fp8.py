@@ -58,8 +58,17 @@ def case(mask_name: str, seqlen: int, head_dim: int, args: argparse.Namespace, d
     row = {"mask": mask_name, "seqlen": seqlen, "head_dim": head_dim, "heads": args.heads}
     out = {}
     for name, dtype in (("fp8", F8), ("bf16", torch.bfloat16)):
-        prepared = flex.prepare(mask, batch=1, heads_q=hq, heads_kv=hkv, head_dim=head_dim, dtype=dtype,
-                                device=dev, form="blockmask", grad=False)
+        prepared = flex.prepare(
+            mask,
+            batch=1,
+            heads_q=hq,
+            heads_kv=hkv,
+            head_dim=head_dim,
+            dtype=dtype,
+            device=dev,
+            form="blockmask",
+            grad=False,
+        )
         q, k, v = (x.to(dtype).transpose(1, 2).contiguous() for x in raw)
         with torch.no_grad():
             try:
@@ -92,8 +101,17 @@ def case(mask_name: str, seqlen: int, head_dim: int, args: argparse.Namespace, d
     # the backward: expected to be refused (torch's Flex backward takes no fp8); recorded either way
     q, k, v = (x.to(F8).transpose(1, 2).contiguous().requires_grad_(True) for x in raw)
     try:
-        prepared = flex.prepare(mask, batch=1, heads_q=hq, heads_kv=hkv, head_dim=head_dim, dtype=F8,
-                                device=dev, form="blockmask", grad=True)
+        prepared = flex.prepare(
+            mask,
+            batch=1,
+            heads_q=hq,
+            heads_kv=hkv,
+            head_dim=head_dim,
+            dtype=F8,
+            device=dev,
+            form="blockmask",
+            grad=True,
+        )
         prepared.call(q, k, v).float().sum().backward()
         row["fp8_backward"] = "ran"
     except Exception as exc:  # noqa: BLE001
@@ -120,7 +138,7 @@ def main() -> None:
             for m in args.masks:
                 try:
                     row = case(m, s, d, args, dev)
-                except Exception as exc:  # noqa: BLE001
+                except Exception:  # noqa: BLE001
                     row = {"mask": m, "seqlen": s, "head_dim": d, "error": traceback.format_exc()[-800:]}
                 print(json.dumps(row), flush=True)
 

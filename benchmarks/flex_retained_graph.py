@@ -24,7 +24,9 @@ import torch
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float(torch.linalg.vector_norm(a.double() - b.double()) / torch.linalg.vector_norm(b.double()).clamp_min(1e-30))
+    return float(
+        torch.linalg.vector_norm(a.double() - b.double()) / torch.linalg.vector_norm(b.double()).clamp_min(1e-30)
+    )
 
 
 def check_mask(name: str, args: argparse.Namespace, dev: torch.device) -> dict:
@@ -35,11 +37,22 @@ def check_mask(name: str, args: argparse.Namespace, dev: torch.device) -> dict:
     dtype = getattr(torch, args.dtype)
     kernel = get("flex")
     mask = build_mask(name, args.seqlen, seed=0)
-    prepared = kernel.prepare(mask, batch=1, heads_q=hq, heads_kv=hkv, head_dim=args.head_dim, dtype=dtype,
-                              device=dev, form="blockmask", grad=True)
+    prepared = kernel.prepare(
+        mask,
+        batch=1,
+        heads_q=hq,
+        heads_kv=hkv,
+        head_dim=args.head_dim,
+        dtype=dtype,
+        device=dev,
+        form="blockmask",
+        grad=True,
+    )
     g = torch.Generator(device=dev).manual_seed(0)
     shape = {"q": hq, "k": hkv, "v": hkv, "do": hq}
-    t = {n: torch.randn(1, h, args.seqlen, args.head_dim, generator=g, device=dev, dtype=dtype) for n, h in shape.items()}
+    t = {
+        n: torch.randn(1, h, args.seqlen, args.head_dim, generator=g, device=dev, dtype=dtype) for n, h in shape.items()
+    }
     q, k, v = (t[n].requires_grad_(True) for n in "qkv")
 
     def grads():
@@ -75,12 +88,21 @@ def main() -> int:
         try:
             r = check_mask(name, args, dev)
         except Exception as exc:  # noqa: BLE001 - the refusal is the finding: record it, go on
-            r = {"mask": name, "ok": False, "error": f"{type(exc).__name__}: {str(exc)[:500]}",
-                 "where": traceback.format_exc(limit=3)[-800:]}
+            r = {
+                "mask": name,
+                "ok": False,
+                "error": f"{type(exc).__name__}: {str(exc)[:500]}",
+                "where": traceback.format_exc(limit=3)[-800:],
+            }
         results.append(r)
         print(json.dumps(r), flush=True)
-    summary = {"torch": torch.__version__, "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-               "seqlen": args.seqlen, "heads": args.heads, "all_ok": all(r["ok"] for r in results)}
+    summary = {
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        "seqlen": args.seqlen,
+        "heads": args.heads,
+        "all_ok": all(r["ok"] for r in results),
+    }
     print(json.dumps(summary))
     return 0 if summary["all_ok"] else 1
 

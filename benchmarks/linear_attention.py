@@ -28,8 +28,9 @@ import platform
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -98,21 +99,31 @@ class Timer:
             spent += ms / 1e3
         s = sorted(samples)
         q = lambda p: s[min(len(s) - 1, int(round(p * (len(s) - 1))))]  # noqa: E731
-        return {"compile_s": first_s, "samples_ms": samples, "median_ms": q(0.5), "p20_ms": q(0.2),
-                "p80_ms": q(0.8), "timed_iters": len(samples), "warmup_iters": 1, "l2_flush": self.cuda,
-                "timer": "cuda_events" if self.cuda else "cpu_monotonic"}
+        return {
+            "compile_s": first_s,
+            "samples_ms": samples,
+            "median_ms": q(0.5),
+            "p20_ms": q(0.2),
+            "p80_ms": q(0.8),
+            "timed_iters": len(samples),
+            "warmup_iters": 1,
+            "l2_flush": self.cuda,
+            "timer": "cuda_events" if self.cuda else "cpu_monotonic",
+        }
 
 
 def sdpa_call(backend_name: str, groups: int):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    backend = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
-               "math": SDPBackend.MATH}[backend_name]
+    backend = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION, "math": SDPBackend.MATH}[
+        backend_name
+    ]
 
     def call(q, k, v):  # bshd in and out
         with sdpa_kernel([backend]):
-            o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                               is_causal=True, enable_gqa=groups > 1)
+            o = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=groups > 1
+            )
         return o.transpose(1, 2)
 
     return call
@@ -136,8 +147,13 @@ def check(call, reference, batch, seqlen, hq, hkv, d, dtype, device) -> dict[str
     out.backward(do)
     ref = reference(rq, rk, rv)
     ref.backward(do.double())
-    return {"check_seqlen": seqlen, "rel_err_out": rel(out, ref), "rel_err_dq": rel(q.grad, rq.grad),
-            "rel_err_dk": rel(k.grad, rk.grad), "rel_err_dv": rel(v.grad, rv.grad)}
+    return {
+        "check_seqlen": seqlen,
+        "rel_err_out": rel(out, ref),
+        "rel_err_dq": rel(q.grad, rq.grad),
+        "rel_err_dk": rel(k.grad, rk.grad),
+        "rel_err_dv": rel(v.grad, rv.grad),
+    }
 
 
 def verdict(errs: dict[str, Any], tol: float) -> str | None:
@@ -182,8 +198,10 @@ def main() -> int:
     kernels = [k for k in args.kernels.split(",") if k]
     args.out.mkdir(parents=True, exist_ok=True)
     try:
-        import fla  # noqa: F401
         from importlib.metadata import version
+
+        import fla  # noqa: F401
+
         fla_version = version("fla-core")
     except Exception as e:  # noqa: BLE001
         fla_version = None
@@ -220,34 +238,71 @@ def main() -> int:
                 ok[name] = None
                 for s in lengths:
                     for p in passes:
-                        record(kernel=name, head_dim=d, seqlen=s, **{"pass": p}, status="skipped",
-                               reason=f"budget of {args.budget_s:g} s spent before the correctness check")
+                        record(
+                            kernel=name,
+                            head_dim=d,
+                            seqlen=s,
+                            **{"pass": p},
+                            status="skipped",
+                            reason=f"budget of {args.budget_s:g} s spent before the correctness check",
+                        )
                 continue
             if fla_version is None and name != SOFTMAX:
                 ok[name] = None
                 for s in lengths:
                     for p in passes:
-                        record(kernel=name, head_dim=d, seqlen=s, **{"pass": p}, status="unsupported",
-                               reason="fla not installed")
+                        record(
+                            kernel=name,
+                            head_dim=d,
+                            seqlen=s,
+                            **{"pass": p},
+                            status="unsupported",
+                            reason="fla not installed",
+                        )
                 continue
             try:
                 if name == SOFTMAX:
                     groups = hq // hkv
-                    errs = check(sdpa_call(softmax_backend, groups),
-                                 lambda q, k, v: sdpa_call("math", groups)(q, k, v),
-                                 args.batch, args.check_len, hq, hkv, d, dtype, device)
+                    errs = check(
+                        sdpa_call(softmax_backend, groups),
+                        lambda q, k, v: sdpa_call("math", groups)(q, k, v),
+                        args.batch,
+                        args.check_len,
+                        hq,
+                        hkv,
+                        d,
+                        dtype,
+                        device,
+                    )
                     reason = verdict(errs, tol)
                 else:
                     kernel = registry.get(name)
                     reason = None
-                    for mask in (build_mask("causal", args.check_len),
-                                 Mask("causal_document", sum(CHECK_DOCS), sum(CHECK_DOCS),
-                                      regular.causal_document(CHECK_DOCS), {}, CHECK_DOCS)):
+                    for mask in (
+                        build_mask("causal", args.check_len),
+                        Mask(
+                            "causal_document",
+                            sum(CHECK_DOCS),
+                            sum(CHECK_DOCS),
+                            regular.causal_document(CHECK_DOCS),
+                            {},
+                            CHECK_DOCS,
+                        ),
+                    ):
                         form = "causal" if mask.name == "causal" else "varlen"
-                        prep = kernel.prepare(mask, batch=args.batch, heads_q=hq, heads_kv=hkv, head_dim=d,
-                                              dtype=dtype, device=device, form=form)
-                        e = check(prep.call, prep.extra["reference"], args.batch, mask.seqlen_q, hq, hkv, d,
-                                  dtype, device)
+                        prep = kernel.prepare(
+                            mask,
+                            batch=args.batch,
+                            heads_q=hq,
+                            heads_kv=hkv,
+                            head_dim=d,
+                            dtype=dtype,
+                            device=device,
+                            form=form,
+                        )
+                        e = check(
+                            prep.call, prep.extra["reference"], args.batch, mask.seqlen_q, hq, hkv, d, dtype, device
+                        )
                         if mask.name == "causal":
                             errs = e
                         else:
@@ -261,8 +316,15 @@ def main() -> int:
                 if reason:
                     for s in lengths:
                         for p in passes:
-                            record(kernel=name, head_dim=d, seqlen=s, **{"pass": p}, status="incorrect",
-                                   reason=reason, **errs)
+                            record(
+                                kernel=name,
+                                head_dim=d,
+                                seqlen=s,
+                                **{"pass": p},
+                                status="incorrect",
+                                reason=reason,
+                                **errs,
+                            )
                 else:
                     print(f"checked {name} D={d}: {json.dumps(errs)}", flush=True)
             except Exception as e:  # noqa: BLE001
@@ -286,8 +348,11 @@ def main() -> int:
                     if name == SOFTMAX and p in last_softmax_ms:
                         predicted = last_softmax_ms[p] * (s / last_length[p]) ** 2 / 1e3
                         if predicted > args.softmax_cap_s:
-                            record(**row, status="skipped",
-                                   reason=f"predicted {predicted:.1f} s per call > --softmax-cap-s")
+                            record(
+                                **row,
+                                status="skipped",
+                                reason=f"predicted {predicted:.1f} s per call > --softmax-cap-s",
+                            )
                             continue
                     try:
                         if name == SOFTMAX:
@@ -297,9 +362,16 @@ def main() -> int:
                             flop_model, backend = "softmax_exact_area", f"sdpa {softmax_backend}"
                             family = "softmax"
                         else:
-                            prep = registry.get(name).prepare(build_mask("causal", s), batch=args.batch, heads_q=hq,
-                                                              heads_kv=hkv, head_dim=d, dtype=dtype, device=device,
-                                                              form="causal")
+                            prep = registry.get(name).prepare(
+                                build_mask("causal", s),
+                                batch=args.batch,
+                                heads_q=hq,
+                                heads_kv=hkv,
+                                head_dim=d,
+                                dtype=dtype,
+                                device=device,
+                                form="causal",
+                            )
                             call, flops = prep.call, prep.extra["flops"][p]
                             flop_model, backend, family = prep.extra["flop_model"], prep.info["backend"], "linear"
                         q, k, v, do = inputs(args.batch, s, hq, hkv, d, dtype, device, 1000 + s, p != "fwd")
@@ -312,21 +384,32 @@ def main() -> int:
                                 x.grad = None
 
                         if p == "fwd":
+
                             def fn():
                                 with torch.no_grad():
                                     call(q, k, v)
+
                             t = timer.run(fn, args.iters, args.cap_s)
                         else:
                             t = timer.run(lambda: call(q, k, v).backward(do), args.iters, args.cap_s, before=clear)
                         med = t["median_ms"]
-                        record(**row, **t, status="ok", reason=None, kernel_family=family, flops=flops,
-                               flop_model=flop_model, tflops=flops / (med * 1e-3) / 1e12,
-                               tokens_per_s=args.batch * s / (med * 1e-3), backend=backend,
-                               peak_mem_bytes=int(torch.cuda.max_memory_allocated()) if cuda else None)
+                        record(
+                            **row,
+                            **t,
+                            status="ok",
+                            reason=None,
+                            kernel_family=family,
+                            flops=flops,
+                            flop_model=flop_model,
+                            tflops=flops / (med * 1e-3) / 1e12,
+                            tokens_per_s=args.batch * s / (med * 1e-3),
+                            backend=backend,
+                            peak_mem_bytes=int(torch.cuda.max_memory_allocated()) if cuda else None,
+                        )
                         if name == SOFTMAX:
                             last_softmax_ms[p] = med
                             last_length[p] = s
-                        del q, k, v, do
+                        q = k = v = do = None  # free the inputs before the next length
                     except torch.cuda.OutOfMemoryError as e:
                         record(**row, status="oom", reason=str(e).splitlines()[0][:300])
                     except Exception as e:  # noqa: BLE001
@@ -348,16 +431,39 @@ def main() -> int:
                     if lin and soft:
                         faster.append((s, lin["tokens_per_s"] > soft["tokens_per_s"]))
                 first = next((s for i, (s, f) in enumerate(faster) if all(g for _, g in faster[i:])), None)
-                crossover.append({"kernel": name, "head_dim": d, "pass": p, "compared_lengths": [s for s, _ in faster],
-                                  "linear_faster_from": first})
+                crossover.append(
+                    {
+                        "kernel": name,
+                        "head_dim": d,
+                        "pass": p,
+                        "compared_lengths": [s for s, _ in faster],
+                        "linear_faster_from": first,
+                    }
+                )
 
-    env = {"device_name": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu", "torch": torch.__version__, "cuda": torch.version.cuda,
-           "triton": _version("triton"), "fla_core": fla_version, "python": platform.python_version(),
-           "softmax_backend": softmax_backend}
+    env = {
+        "device_name": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": _version("triton"),
+        "fla_core": fla_version,
+        "python": platform.python_version(),
+        "softmax_backend": softmax_backend,
+    }
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    (args.out / "linear_attention.json").write_text(json.dumps(
-        {"settings": settings, "environment": env, "wall_s": time.perf_counter() - t_start, "rows": rows,
-         "crossover": crossover}, indent=1, default=str))
+    (args.out / "linear_attention.json").write_text(
+        json.dumps(
+            {
+                "settings": settings,
+                "environment": env,
+                "wall_s": time.perf_counter() - t_start,
+                "rows": rows,
+                "crossover": crossover,
+            },
+            indent=1,
+            default=str,
+        )
+    )
     cols = sorted({k for r in rows for k in r if k != "samples_ms"})
     with open(args.out / "linear_attention.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
@@ -370,6 +476,7 @@ def main() -> int:
 def _version(dist: str) -> str | None:
     try:
         from importlib.metadata import version
+
         return version(dist)
     except Exception:  # noqa: BLE001
         return None

@@ -70,30 +70,42 @@ def main() -> int:
     names = args.masks or list(STATIC)
     rows = []
     for name in names:
-        res = subprocess.run([sys.executable, "-c", CHILD, name, str(args.seqlen), str(args.block), str(args.threads)],
-                             capture_output=True, text=True)
+        res = subprocess.run(
+            [sys.executable, "-c", CHILD, name, str(args.seqlen), str(args.block), str(args.threads)],
+            capture_output=True,
+            text=True,
+        )
         if res.returncode:
             print(f"{name}: failed\n{res.stderr}", file=sys.stderr)
             rows.append(dict(mask=name, error=res.stderr.strip().splitlines()[-1]))
             continue
         rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
         print(json.dumps(rows[-1]), file=sys.stderr)
-    res = subprocess.run([sys.executable, "-c", BASELINE, str(args.seqlen), str(args.block), str(args.threads)],
-                         capture_output=True, text=True, check=True)
+    res = subprocess.run(
+        [sys.executable, "-c", BASELINE, str(args.seqlen), str(args.block), str(args.threads)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     base = json.loads(res.stdout.strip().splitlines()[-1])
-    lines = [f"S = {args.seqlen}, block {args.block}, torch threads {args.threads}; baseline: allocating and "
-             f"writing the four index tensors alone ({base['mb']:.0f} MB) takes {base['wall_s']:.3f} s wall, "
-             f"{base['cpu_s']:.3f} s CPU in a fresh process", "",
-             "| mask | slices | mask build s | BlockMask s (wall) | (CPU) | again in-process s (wall) | (CPU) | traced peak MB | RSS peak MB | partial blocks | full blocks | density |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        f"S = {args.seqlen}, block {args.block}, torch threads {args.threads}; baseline: allocating and "
+        f"writing the four index tensors alone ({base['mb']:.0f} MB) takes {base['wall_s']:.3f} s wall, "
+        f"{base['cpu_s']:.3f} s CPU in a fresh process",
+        "",
+        "| mask | slices | mask build s | BlockMask s (wall) | (CPU) | again in-process s (wall) | (CPU) | traced peak MB | RSS peak MB | partial blocks | full blocks | density |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['mask']} | error: {r['error']} |||||||| ")
             continue
-        lines.append(f"| {r['mask']} | {r['slices']} | {r['build_s']:.3f} | {r['blockmask_s']:.3f} | {r['blockmask_cpu_s']:.3f} | "
-                     f"{r['warm_s']:.3f} | {r['warm_cpu_s']:.3f} | "
-                     f"{r['traced_peak_mb']:.0f} | {r['rss_peak_mb']:.0f} | {r['partial_blocks']} | "
-                     f"{r['full_blocks']} | {r['density']:.4f} |")
+        lines.append(
+            f"| {r['mask']} | {r['slices']} | {r['build_s']:.3f} | {r['blockmask_s']:.3f} | {r['blockmask_cpu_s']:.3f} | "
+            f"{r['warm_s']:.3f} | {r['warm_cpu_s']:.3f} | "
+            f"{r['traced_peak_mb']:.0f} | {r['rss_peak_mb']:.0f} | {r['partial_blocks']} | "
+            f"{r['full_blocks']} | {r['density']:.4f} |"
+        )
     table = "\n".join(lines)
     print(table)
     if args.out:

@@ -19,7 +19,9 @@ import torch._dynamo
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float(torch.linalg.vector_norm(a.double() - b.double()) / torch.linalg.vector_norm(b.double()).clamp_min(1e-30))
+    return float(
+        torch.linalg.vector_norm(a.double() - b.double()) / torch.linalg.vector_norm(b.double()).clamp_min(1e-30)
+    )
 
 
 def main() -> int:
@@ -46,8 +48,11 @@ def main() -> int:
         if hasattr(torch._dynamo.config, knob):
             setattr(torch._dynamo.config, knob, 4096)
     flex = torch.compile(flex_attention, dynamic=False)
-    small = {"sliding_window": {"window": 128}, "causal_sliding_window": {"window": 128},
-             "block_causal_document": {"block": 256}}
+    small = {
+        "sliding_window": {"window": 128},
+        "causal_sliding_window": {"window": 128},
+        "block_causal_document": {"block": 256},
+    }
     ok = True
     for name in args.masks or list(PATTERNS):
         dyn = PATTERNS[name].family == "dynamic"
@@ -78,15 +83,20 @@ def main() -> int:
                     dense = torch.as_tensor(mask.dense(), device=dev)
                     dense = dense.repeat_interleave(hq // dense.shape[0], 0) if dense.dim() == 3 else dense
                     group = hq // hkv
-                    s = qr @ kr.repeat_interleave(group, 1).transpose(-1, -2) / args.head_dim ** 0.5
+                    s = qr @ kr.repeat_interleave(group, 1).transpose(-1, -2) / args.head_dim**0.5
                     ref = torch.softmax(s.masked_fill(~dense, float("-inf")), -1) @ vr.repeat_interleave(group, 1)
                     row["err_out"] = rel(out, ref)
                     if grad:
                         ref.backward(torch.ones_like(ref))
-                        row.update(err_dq=rel(q.grad, qr.grad), err_dk=rel(k.grad, kr.grad), err_dv=rel(v.grad, vr.grad))
+                        row.update(
+                            err_dq=rel(q.grad, qr.grad), err_dk=rel(k.grad, kr.grad), err_dv=rel(v.grad, vr.grad)
+                        )
                     tol = 3e-2 if dtype in (torch.bfloat16, torch.float16) else 1e-4
-                    row["correct"] = all(row[key] < tol * (3 if key != "err_out" else 1)
-                                         for key in ("err_out", "err_dq", "err_dk", "err_dv") if key in row)
+                    row["correct"] = all(
+                        row[key] < tol * (3 if key != "err_out" else 1)
+                        for key in ("err_out", "err_dq", "err_dk", "err_dv")
+                        if key in row
+                    )
                     ok &= row["correct"]
             except torch.OutOfMemoryError as exc:
                 row["status"] = f"oom: {str(exc).splitlines()[0]}"

@@ -29,9 +29,20 @@ from longca.report import build_report  # noqa: E402
 from longca.report.export import bundle_cache  # noqa: E402
 from longca.store.schema import to_table  # noqa: E402
 
-MASKS = ("full", "causal", "full_document", "causal_document", "sliding_window", "causal_sliding_window",
-         "share_question", "causal_blockwise", "global_sliding_window", "prefix_lm_causal", "prefix_lm_document",
-         "block_causal_document")
+MASKS = (
+    "full",
+    "causal",
+    "full_document",
+    "causal_document",
+    "sliding_window",
+    "causal_sliding_window",
+    "share_question",
+    "causal_blockwise",
+    "global_sliding_window",
+    "prefix_lm_causal",
+    "prefix_lm_document",
+    "block_causal_document",
+)
 
 
 def main() -> None:
@@ -40,8 +51,13 @@ def main() -> None:
     ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "longca-bench-report"))
     ap.add_argument("--cold", action="store_true", help="delete the cached Vega bundle first")
     args = ap.parse_args()
-    rows = synthetic_rows(samples=4, seqlens=tuple(1024 * 2**i for i in range(8)), head_dims=(64, 128),
-                          masks=MASKS, kernels=("sdpa", "flex", "fa_fixture", "cudnn_fixture", "fa2_fixture"))
+    rows = synthetic_rows(
+        samples=4,
+        seqlens=tuple(1024 * 2**i for i in range(8)),
+        head_dims=(64, 128),
+        masks=MASKS,
+        kernels=("sdpa", "flex", "fa_fixture", "cudnn_fixture", "fa2_fixture"),
+    )
     while len(rows) < args.rows:  # more sampled masks: same cells, more rows
         rows += [dict(r, mask_sample=r.get("mask_sample", 0) + 100) for r in rows[: args.rows - len(rows)]]
     rows = rows[: args.rows]
@@ -51,16 +67,31 @@ def main() -> None:
     pq.write_table(to_table(rows), data)
     if args.cold:
         bundle_cache().unlink(missing_ok=True)
+
     def cpu() -> float:  # this process and its finished children (the export workers)
-        return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
-                                                     resource.getrusage(resource.RUSAGE_CHILDREN)))
+        return sum(
+            r.ru_utime + r.ru_stime
+            for r in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
+        )
 
     c0, t0 = cpu(), time.perf_counter()
     built = build_report([data], out, title="benchmark: synthetic rows")
     wall, cpu_s = time.perf_counter() - t0, cpu() - c0
-    print(json.dumps({"rows": len(rows), "charts": len(built.charts), "pages": len(built.pages),
-                      "cpus": os.cpu_count(), "load_avg_1min": os.getloadavg()[0], "wall_s": round(wall, 2), "cpu_s": round(cpu_s, 2),
-                      "stages_cumulative_s": {k: round(v, 2) for k, v in built.timings.items()}}, indent=1))
+    print(
+        json.dumps(
+            {
+                "rows": len(rows),
+                "charts": len(built.charts),
+                "pages": len(built.pages),
+                "cpus": os.cpu_count(),
+                "load_avg_1min": os.getloadavg()[0],
+                "wall_s": round(wall, 2),
+                "cpu_s": round(cpu_s, 2),
+                "stages_cumulative_s": {k: round(v, 2) for k, v in built.timings.items()},
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

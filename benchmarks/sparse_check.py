@@ -48,8 +48,9 @@ def make_layout(seqlen: int, block, heads_kv: int, density: float, rng: np.rando
     return bs.top_k_layout(bs.random_scores(heads_kv, n, n, rng), bounds, bounds, density, uniform)
 
 
-def check(layout: BlockLayout, heads_q: int, head_dim: int, dtype: str, config: KernelConfig | None = None,
-          seed: int = 0) -> dict:
+def check(
+    layout: BlockLayout, heads_q: int, head_dim: int, dtype: str, config: KernelConfig | None = None, seed: int = 0
+) -> dict:
     """Relative errors of out, dq, dk, dv vs the float32 reference; `ok` against TOLERANCE."""
     dt = getattr(torch, dtype)
     s, hkv = int(layout.q_bounds[-1]), layout.heads
@@ -86,8 +87,18 @@ def run_cases(cases=CASES) -> list[dict]:
             res = check(layout, hq, d, dtype, seed=i)
         except Exception as exc:  # record and go on: one failing case must not hide the others
             res = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
-        row = {"seqlen": s, "block": block, "heads_q": hq, "heads_kv": hkv, "head_dim": d, "dtype": dtype,
-               "density": density, "empty_rows": empty, "seconds": round(time.perf_counter() - t0, 2), **res}
+        row = {
+            "seqlen": s,
+            "block": block,
+            "heads_q": hq,
+            "heads_kv": hkv,
+            "head_dim": d,
+            "dtype": dtype,
+            "density": density,
+            "empty_rows": empty,
+            "seconds": round(time.perf_counter() - t0, 2),
+            **res,
+        }
         print(json.dumps(row), flush=True)
         rows.append(row)
     return rows

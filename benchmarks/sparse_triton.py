@@ -47,14 +47,33 @@ from longca.measure.reference import relative_error  # noqa: E402
 D = 128
 DTYPE = torch.bfloat16
 FWD_TOL = 3e-2
-FWD_CANDIDATES = [TileConfig(128, 64, 4, 3), TileConfig(128, 64, 8, 3), TileConfig(128, 128, 8, 2),
-                  TileConfig(128, 128, 8, 3), TileConfig(64, 64, 4, 3), TileConfig(64, 64, 4, 4),
-                  TileConfig(128, 64, 8, 4), TileConfig(64, 128, 4, 2), TileConfig(128, 128, 4, 2),
-                  TileConfig(64, 64, 4, 2)]
-DKDV_CANDIDATES = [TileConfig(32, 128, 4, 3), TileConfig(64, 128, 8, 3), TileConfig(32, 64, 4, 3),
-                   TileConfig(64, 64, 4, 2), TileConfig(16, 128, 4, 4), TileConfig(32, 128, 8, 4)]
-DQ_CANDIDATES = [TileConfig(128, 32, 4, 3), TileConfig(64, 64, 4, 3), TileConfig(128, 64, 8, 3),
-                 TileConfig(64, 32, 4, 2), TileConfig(128, 32, 8, 4)]
+FWD_CANDIDATES = [
+    TileConfig(128, 64, 4, 3),
+    TileConfig(128, 64, 8, 3),
+    TileConfig(128, 128, 8, 2),
+    TileConfig(128, 128, 8, 3),
+    TileConfig(64, 64, 4, 3),
+    TileConfig(64, 64, 4, 4),
+    TileConfig(128, 64, 8, 4),
+    TileConfig(64, 128, 4, 2),
+    TileConfig(128, 128, 4, 2),
+    TileConfig(64, 64, 4, 2),
+]
+DKDV_CANDIDATES = [
+    TileConfig(32, 128, 4, 3),
+    TileConfig(64, 128, 8, 3),
+    TileConfig(32, 64, 4, 3),
+    TileConfig(64, 64, 4, 2),
+    TileConfig(16, 128, 4, 4),
+    TileConfig(32, 128, 8, 4),
+]
+DQ_CANDIDATES = [
+    TileConfig(128, 32, 4, 3),
+    TileConfig(64, 64, 4, 3),
+    TileConfig(128, 64, 8, 3),
+    TileConfig(64, 32, 4, 2),
+    TileConfig(128, 32, 8, 4),
+]
 
 
 class Clock:
@@ -101,11 +120,11 @@ def sampled_forward_error(q, k, v, out, lse, layout: BlockLayout, rows: int = 64
     got, want = [], []
     for h in range(hkv):
         allowed = torch.as_tensor(layout.kept[h][qblk], device=q.device).repeat_interleave(ksizes, dim=1)
-        qs = q[0, h * g:(h + 1) * g, idx].float()  # (g, R, D)
-        sc = (qs @ k[0, h].float().T) / D ** 0.5
+        qs = q[0, h * g : (h + 1) * g, idx].float()  # (g, R, D)
+        sc = (qs @ k[0, h].float().T) / D**0.5
         sc = sc.masked_fill(~allowed, float("-inf"))
         want.append(torch.softmax(sc, -1).nan_to_num(0.0) @ v[0, h].float())
-        got.append(out[0, h * g:(h + 1) * g, idx])
+        got.append(out[0, h * g : (h + 1) * g, idx])
     return relative_error(torch.stack(got), torch.stack(want))
 
 
@@ -115,8 +134,14 @@ def dense_cudnn(heads_q: int, heads_kv: int, seqlen: int) -> dict:
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
     q, k, v, do = inputs(heads_q, heads_kv, seqlen)
-    row = {"kernel": "sdpa_cudnn_dense", "seqlen": seqlen, "heads_q": heads_q, "heads_kv": heads_kv,
-           "block": None, "density": 1.0}
+    row = {
+        "kernel": "sdpa_cudnn_dense",
+        "seqlen": seqlen,
+        "heads_q": heads_q,
+        "heads_kv": heads_kv,
+        "block": None,
+        "density": 1.0,
+    }
     gqa_repeat = False
 
     def fwd():
@@ -144,15 +169,24 @@ def dense_cudnn(heads_q: int, heads_kv: int, seqlen: int) -> dict:
     return rows
 
 
-def sparse_cell(layout: BlockLayout, heads_q: int, config: KernelConfig, passes=("fwd", "bwd"), check=True) -> list[dict]:
+def sparse_cell(
+    layout: BlockLayout, heads_q: int, config: KernelConfig, passes=("fwd", "bwd"), check=True
+) -> list[dict]:
     s, hkv = int(layout.q_bounds[-1]), layout.heads
-    base = {"kernel": "triton_block_sparse", "seqlen": s, "heads_q": heads_q, "heads_kv": hkv,
-            "block": layout.uniform_block or "var", "density": float(layout.kept.mean())}  # actual kept fraction
+    base = {
+        "kernel": "triton_block_sparse",
+        "seqlen": s,
+        "heads_q": heads_q,
+        "heads_kv": hkv,
+        "block": layout.uniform_block or "var",
+        "density": float(layout.kept.mean()),
+    }  # actual kept fraction
     t0 = time.perf_counter()
     plan = build_plan(layout, "cuda", config)
     torch.cuda.synchronize()
-    base.update(build_s=round(time.perf_counter() - t0, 3), tiles=json.dumps(plan.config.as_dict()),
-                fast_path=plan.fast_path)
+    base.update(
+        build_s=round(time.perf_counter() - t0, 3), tiles=json.dumps(plan.config.as_dict()), fast_path=plan.fast_path
+    )
     area = float(layout.area_per_head().mean())
     q, k, v, do = inputs(heads_q, hkv, s)
     if config.fwd_kernel != "ptr":  # which forward ran: the TMA kernel or its pointer fallback
@@ -167,14 +201,30 @@ def sparse_cell(layout: BlockLayout, heads_q: int, config: KernelConfig, passes=
         del out, lse
     if "fwd" in passes:
         ms, n = bench(lambda: block_sparse_attn_fwd(q, k, v, plan))
-        rows.append({**base, "pass": "fwd", "ms": ms, "iters": n, "status": "ok",
-                     "tflops": attention_flops(area, heads_q, D, "fwd") / ms / 1e9})
+        rows.append(
+            {
+                **base,
+                "pass": "fwd",
+                "ms": ms,
+                "iters": n,
+                "status": "ok",
+                "tflops": attention_flops(area, heads_q, D, "fwd") / ms / 1e9,
+            }
+        )
     if "bwd" in passes:
         qkv = [t.clone().requires_grad_() for t in (q, k, v)]
         out = block_sparse_attention(*qkv, plan)
         ms, n = bench(lambda: torch.autograd.grad(out, qkv, do, retain_graph=True))
-        rows.append({**base, "pass": "bwd", "ms": ms, "iters": n, "status": "ok",
-                     "tflops": attention_flops(area, heads_q, D, "bwd") / ms / 1e9})
+        rows.append(
+            {
+                **base,
+                "pass": "bwd",
+                "ms": ms,
+                "iters": n,
+                "status": "ok",
+                "tflops": attention_flops(area, heads_q, D, "bwd") / ms / 1e9,
+            }
+        )
     return rows
 
 
@@ -193,8 +243,11 @@ def tune(block: int, clock: Clock, log: list[dict]) -> KernelConfig:
                 out.append(eff)
         return out
 
-    for pass_, field, cands in (("fwd", "fwd", FWD_CANDIDATES), ("bwd", "dkdv", DKDV_CANDIDATES),
-                                ("bwd", "dq", DQ_CANDIDATES)):
+    for pass_, field, cands in (
+        ("fwd", "fwd", FWD_CANDIDATES),
+        ("bwd", "dkdv", DKDV_CANDIDATES),
+        ("bwd", "dq", DQ_CANDIDATES),
+    ):
         scores = []
         for c in distinct(cands):
             if clock.left() < 30:
@@ -204,8 +257,9 @@ def tune(block: int, clock: Clock, log: list[dict]) -> KernelConfig:
                 row = sparse_cell(layout, 16, cfg, passes=(pass_,), check=(field == "fwd"))[0]
             except Exception as exc:  # e.g. out of shared memory for this tile shape
                 row = {"status": "error", "error": f"{type(exc).__name__}: {exc}"[:300]}
-            row.update(phase="tune", tuned=field, candidate=[c.block_m, c.block_n, c.num_warps, c.num_stages],
-                       tune_block=block)
+            row.update(
+                phase="tune", tuned=field, candidate=[c.block_m, c.block_n, c.num_warps, c.num_stages], tune_block=block
+            )
             log.append(row)
             print(json.dumps(row), flush=True)
             if row.get("status") == "ok":
@@ -231,16 +285,27 @@ def main() -> int:
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--tune-only", action="store_true", help="stop after tuning and the 64K headline")
     ap.add_argument("--seqlens", default="16384,32768,65536,131072")
-    ap.add_argument("--variants", nargs="*", default=[], metavar="CONFIG",
-                    help="headline forward variants: config texts over the block-128 config, e.g. "
-                         "'fwd_kernel=tma' or 'fwd_kernel=tma_ws;fwd=128,128,4,2'")
+    ap.add_argument(
+        "--variants",
+        nargs="*",
+        default=[],
+        metavar="CONFIG",
+        help="headline forward variants: config texts over the block-128 config, e.g. "
+        "'fwd_kernel=tma' or 'fwd_kernel=tma_ws;fwd=128,128,4,2'",
+    )
     args = ap.parse_args()
     args.outdir.mkdir(parents=True, exist_ok=True)
     clock = Clock(args.budget_s)
     import triton
 
-    env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-           "cudnn": torch.backends.cudnn.version(), "head_dim": D, "dtype": str(DTYPE)}
+    env = {
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cudnn": torch.backends.cudnn.version(),
+        "head_dim": D,
+        "dtype": str(DTYPE),
+    }
     print(json.dumps(env), flush=True)
     rows: list[dict] = []
     check_rows = [] if args.no_check else sparse_check.run_cases()
@@ -275,8 +340,14 @@ def main() -> int:
         # forward variants against the same dense row, the tuned config first as the baseline
         variants = [parse_config(t, configs[128]) for t in args.variants]
         for cfg in [configs[128]] + variants if variants else []:
-            base = {"seqlen": 65536, "heads_q": 64, "heads_kv": 8, "block": 128, "density": 0.5,
-                    "variant": cfg.as_text()}
+            base = {
+                "seqlen": 65536,
+                "heads_q": 64,
+                "heads_kv": 8,
+                "block": 128,
+                "density": 0.5,
+                "variant": cfg.as_text(),
+            }
             if clock.left() < 20:
                 record([{**base, "status": "skipped_budget"}], "variants")
                 continue
@@ -290,7 +361,7 @@ def main() -> int:
             record(vs_dense(new), "variants")
 
     plan = []
-    for s in ([] if args.tune_only else (int(x) for x in args.seqlens.split(","))):
+    for s in [] if args.tune_only else (int(x) for x in args.seqlens.split(",")):
         for kind in ("gqa", "mha"):
             hq, hkv = heads_for(s, kind)
             plan.append(("dense", s, hq, hkv, None, None))
@@ -324,20 +395,25 @@ def main() -> int:
         record(new, "sweep")
 
     (args.outdir / "sparse_triton.json").write_text(
-        json.dumps({"env": env, "tuned": tuned, "check": check_rows, "rows": rows}, indent=1, default=str))
+        json.dumps({"env": env, "tuned": tuned, "check": check_rows, "rows": rows}, indent=1, default=str)
+    )
     keys = sorted({k for r in rows for k in r})
     with open(args.outdir / "sparse_triton.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys)
         w.writeheader()
         w.writerows(rows)
-    print(f"{'phase':9} {'kernel':20} {'S':>7} {'heads':>6} {'block':>5} {'dens':>5} {'pass':4} {'TFLOP/s':>8} {'vs cuDNN':>8}")
+    print(
+        f"{'phase':9} {'kernel':20} {'S':>7} {'heads':>6} {'block':>5} {'dens':>5} {'pass':4} {'TFLOP/s':>8} {'vs cuDNN':>8}"
+    )
     for r in rows:
         if r.get("phase") == "tune":
             continue
         tf = f"{r['tflops']:.0f}" if r.get("tflops") else r.get("status", "")
         vs = f"{r['vs_dense_cudnn']:.2f}" if r.get("vs_dense_cudnn") else ""
-        print(f"{r.get('phase', ''):9} {r.get('kernel', ''):20} {r['seqlen']:>7} {r['heads_q']}:{r['heads_kv']:<3} "
-              f"{str(r.get('block') or ''):>5} {r.get('density') or 0:>5.2f} {r.get('pass', ''):4} {tf:>8} {vs:>8}")
+        print(
+            f"{r.get('phase', ''):9} {r.get('kernel', ''):20} {r['seqlen']:>7} {r['heads_q']}:{r['heads_kv']:<3} "
+            f"{str(r.get('block') or ''):>5} {r.get('density') or 0:>5.2f} {r.get('pass', ''):4} {tf:>8} {vs:>8}"
+        )
     print(f"total {args.budget_s - clock.left():.0f} s")
     return 0 if all(r.get("ok") for r in check_rows) else 1
 

@@ -35,8 +35,8 @@ import triton.testing
 
 from longca.kernels.registry import get
 from longca.masks.registry import build_mask
-from longca.measure.flops import attention_flops
 from longca.measure.env import gpu_clock_state
+from longca.measure.flops import attention_flops
 from longca.measure.timer import CudaTimer, time_under
 
 # the protocol of calls 1, 16 and 29: 5 warm-up and exactly 20 timed calls
@@ -67,12 +67,15 @@ def fidelity_kernels(names: str) -> tuple[str, ...]:
     picked = tuple(n.strip() for n in names.split(",") if n.strip())
     unknown = [n for n in picked if n not in known]
     if unknown or not picked:
-        raise SystemExit(f"--kernels {names!r}: unknown {', '.join(unknown) or '(none given)'}; allowed: {', '.join(known)}")
+        raise SystemExit(
+            f"--kernels {names!r}: unknown {', '.join(unknown) or '(none given)'}; allowed: {', '.join(known)}"
+        )
     return picked
 
 
-def main(out: str, rounds: int = 1, protocol: dict | None = None,
-         kernels: tuple[str, ...] = ("sdpa_cudnn", "fa4")) -> None:
+def main(
+    out: str, rounds: int = 1, protocol: dict | None = None, kernels: tuple[str, ...] = ("sdpa_cudnn", "fa4")
+) -> None:
     rep = dict(FIXED if protocol is None else protocol)
     dev = torch.device("cuda")
     timer = CudaTimer(dev, l2_flush=bool(rep.get("l2_flush", True)))
@@ -84,8 +87,16 @@ def main(out: str, rounds: int = 1, protocol: dict | None = None,
                 s = 32768
                 mask = build_mask(mask_name, s)
                 try:
-                    prep = kernel.prepare(mask, batch=1, heads_q=hq, heads_kv=hkv, head_dim=128,
-                                          dtype=torch.bfloat16, device=dev, form=mask_name)
+                    prep = kernel.prepare(
+                        mask,
+                        batch=1,
+                        heads_q=hq,
+                        heads_kv=hkv,
+                        head_dim=128,
+                        dtype=torch.bfloat16,
+                        device=dev,
+                        form=mask_name,
+                    )
                 except Exception as exc:  # noqa: BLE001
                     rows.append({"kernel": kname, "mask": mask_name, "error": str(exc)[:200]})
                     continue
@@ -105,25 +116,46 @@ def main(out: str, rounds: int = 1, protocol: dict | None = None,
                         clocks["do_bench"].append(gpu_clock_state().get("clock_mhz"))
                         # do_bench for as long as longca's own warm-up and timed calls took
                         done = timings[-1]
-                        matched.append(triton.testing.do_bench(fn, warmup=done.warmup_iters * done.median_ms,
-                                                               rep=done.timed_iters * done.median_ms,
-                                                               return_mode="median"))
+                        matched.append(
+                            triton.testing.do_bench(
+                                fn,
+                                warmup=done.warmup_iters * done.median_ms,
+                                rep=done.timed_iters * done.median_ms,
+                                return_mode="median",
+                            )
+                        )
                         clocks["matched"].append(gpu_clock_state().get("clock_mhz"))
                 mine = [t.median_ms for t in timings]
                 ratios = [a / b for a, b in zip(mine, theirs)]
                 matched_ratios = [a / b for a, b in zip(mine, matched)]
                 ours, bench = statistics.median(mine), statistics.median(theirs)
                 flops = attention_flops(mask.area, hq, 128, "fwd")
-                rows.append({"kernel": kname, "mask": mask_name, "heads": f"{hq}:{hkv}", "seqlen": s,
-                             "device": torch.cuda.get_device_name(dev),
-                             "longca_median_ms": ours, "do_bench_median_ms": bench,
-                             "ratio": statistics.median(ratios), "ratios": ratios, "longca_ms": mine,
-                             "do_bench_ms": theirs, "matched_ratio": statistics.median(matched_ratios),
-                             "matched_ratios": matched_ratios, "matched_do_bench_ms": matched,
-                             "longca_clock_mhz": clocks["longca"], "do_bench_clock_mhz": clocks["do_bench"],
-                             "matched_clock_mhz": clocks["matched"], "longca_tflops": flops / ours / 1e9,
-                             "do_bench_tflops": flops / bench / 1e9, "timed_iters": [t.timed_iters for t in timings],
-                             "warmup_iters": [t.warmup_iters for t in timings], "protocol": rep})
+                rows.append(
+                    {
+                        "kernel": kname,
+                        "mask": mask_name,
+                        "heads": f"{hq}:{hkv}",
+                        "seqlen": s,
+                        "device": torch.cuda.get_device_name(dev),
+                        "longca_median_ms": ours,
+                        "do_bench_median_ms": bench,
+                        "ratio": statistics.median(ratios),
+                        "ratios": ratios,
+                        "longca_ms": mine,
+                        "do_bench_ms": theirs,
+                        "matched_ratio": statistics.median(matched_ratios),
+                        "matched_ratios": matched_ratios,
+                        "matched_do_bench_ms": matched,
+                        "longca_clock_mhz": clocks["longca"],
+                        "do_bench_clock_mhz": clocks["do_bench"],
+                        "matched_clock_mhz": clocks["matched"],
+                        "longca_tflops": flops / ours / 1e9,
+                        "do_bench_tflops": flops / bench / 1e9,
+                        "timed_iters": [t.timed_iters for t in timings],
+                        "warmup_iters": [t.warmup_iters for t in timings],
+                        "protocol": rep,
+                    }
+                )
                 _save(rows, out)  # after every case: a call that runs out of time keeps the cases done
                 print(json.dumps(rows[-1]), flush=True)
     _save(rows, out)
@@ -142,10 +174,17 @@ if __name__ == "__main__":
     ap.add_argument("--rounds", type=int, default=1, help="measurements per case, alternating the timers")
     ap.add_argument("--spec", help="time under a sweep's repeat protocol: the spec file (with --sweep)")
     ap.add_argument("--sweep", help="the sweep of --spec whose protocol longca's timer uses")
-    ap.add_argument("--kernels", default="sdpa_cudnn,fa4",
-                    help="comma-separated kernels to check (a call cut short continues with the rest)")
+    ap.add_argument(
+        "--kernels",
+        default="sdpa_cudnn,fa4",
+        help="comma-separated kernels to check (a call cut short continues with the rest)",
+    )
     args = ap.parse_args()
     if (args.spec is None) != (args.sweep is None):
         ap.error("--spec and --sweep go together")
-    main(args.out, args.rounds, sweep_protocol(args.spec, args.sweep) if args.spec else None,
-         fidelity_kernels(args.kernels))
+    main(
+        args.out,
+        args.rounds,
+        sweep_protocol(args.spec, args.sweep) if args.spec else None,
+        fidelity_kernels(args.kernels),
+    )

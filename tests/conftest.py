@@ -21,8 +21,9 @@ def plugin_env(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(PLUGINS), os.environ.get("PYTHONPATH", "")]))
     if str(PLUGINS) not in sys.path:
         sys.path.insert(0, str(PLUGINS))
-    import longca.kernels.registry as reg
     import faulty_kernels  # noqa: F401  registers on import
+
+    import longca.kernels.registry as reg
 
     yield
     for name in list(reg.KERNELS):
@@ -40,9 +41,11 @@ def stopped_chunk(tmp_path):
     import time
 
     def run(spec, outputs, results, ready, env=None, settle_s=0.0, ready_s=90.0):
-        code = (f"from longca.run.chunk import run_chunk; "
-                f"from longca.spec.load import load_spec; "
-                f"run_chunk(load_spec({str(spec)!r}), {[str(o) for o in outputs]!r}, {str(results)!r})")
+        code = (
+            f"from longca.run.chunk import run_chunk; "
+            f"from longca.spec.load import load_spec; "
+            f"run_chunk(load_spec({str(spec)!r}), {[str(o) for o in outputs]!r}, {str(results)!r})"
+        )
         err_path = tmp_path / "stderr.txt"
         with open(err_path, "w") as err_file:
             proc = subprocess.Popen([sys.executable, "-c", code], env=env or dict(os.environ), stderr=err_file)

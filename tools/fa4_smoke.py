@@ -35,8 +35,17 @@ CASES = [
     ("mask_mod+blocks", "prefix_lm_causal", {"prefix": 300}, "slices", 128, 4, 2, 2, True),
     ("mask_mod", "prefix_lm_causal", {"prefix": 300}, "slices", 128, 4, 2, 2, False),
     ("mask_mod+blocks/2layers", "share_question", {}, "slices", 128, 4, 2, 1, True),
-    ("mask_mod+blocks/global_sw", "global_sliding_window", {"global_tokens": 40, "window": 90}, "slices", 128, 4, 4, 1,
-     True),
+    (
+        "mask_mod+blocks/global_sw",
+        "global_sliding_window",
+        {"global_tokens": 40, "window": 90},
+        "slices",
+        128,
+        4,
+        4,
+        1,
+        True,
+    ),
     ("mask_mod+blocks/d64", "block_causal_document", {"block": 64}, "slices", 64, 4, 2, 1, True),
     ("mask_mod/d256", "causal_blockwise", {}, "slices", 256, 4, 2, 1, False),
     ("causal/d256", "causal", {}, "causal", 256, 4, 2, 1, True),
@@ -49,12 +58,15 @@ def run_case(kernel, label, name, params, form, head_dim, hq, hkv, batch, blocks
     mask = build_mask(name, seqlen, params, seed=1)
     dev = torch.device("cuda")
     t0 = time.perf_counter()
-    prepared = kernel.prepare(mask, batch=batch, heads_q=hq, heads_kv=hkv, head_dim=head_dim, dtype=torch.bfloat16,
-                              device=dev, form=form)
+    prepared = kernel.prepare(
+        mask, batch=batch, heads_q=hq, heads_kv=hkv, head_dim=head_dim, dtype=torch.bfloat16, device=dev, form=form
+    )
     prep_s = time.perf_counter() - t0
     gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(batch, seqlen, h, head_dim, generator=gen, dtype=torch.float64, requires_grad=True)
-               for h in (hq, hkv, hkv))
+    q, k, v = (
+        torch.randn(batch, seqlen, h, head_dim, generator=gen, dtype=torch.float64, requires_grad=True)
+        for h in (hq, hkv, hkv)
+    )
     ref = reference_attention(q, k, v, dense_mask_tensor(mask, torch.device("cpu")))
     dout = torch.randn_like(ref)
     ref.backward(dout)

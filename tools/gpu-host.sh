@@ -5,10 +5,12 @@
 #   bash tools/gpu-host.sh OUTDIR SPEC [LIMIT_S] [longca run arguments...]
 #   e.g. bash tools/gpu-host.sh "$OUT" specs/h200.yaml 540 --sweep dense --only seqlen=32K
 #
-# 1. Carried packages are unpacked: wheels in .whl/ (pip --target /tmp/site), FlashAttention-4's
-#    bundle .bundles/fa4.tar.xz (../shared/tools/pack-fa4.sh), FA4's compiled-kernel cache
-#    .fa4-cache/fa4-cache.tar.xz and Triton's autotune cache .triton-autotune/triton-autotune.tar.gz
-#    (what an earlier call returned), each only when present.
+# 1. Carried packages are unpacked: wheels in .whl/ (pip --target /tmp/site), every bundle
+#    .bundles/NAME.tar.xz (a packed site folder, e.g. FlashAttention-4's from ../shared/tools/pack-fa4.sh)
+#    into /tmp/bundles/NAME on PYTHONPATH, FA4's compiled-kernel cache .fa4-cache/fa4-cache.tar.xz and
+#    Triton's autotune cache .triton-autotune/triton-autotune.tar.gz (what an earlier call returned),
+#    each only when present. With LONGCA_GPU_TESTS="tests/... -k ...", those tests run first
+#    (pytest, log in OUTDIR/gpu-tests.log).
 # 2. The spec's committed aggregate (results/<name>/all.parquet) is unpacked into cell files, so
 #    this call runs only the cells still missing.
 # 3. `longca run` measures them, one process per visible GPU (`--shard g/N`), stopped by SIGTERM
@@ -32,7 +34,9 @@ mkdir -p "$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR" "$TRITON_CACHE_DIR"
 (
   wheels=$(ls .whl/*.whl 2>/dev/null)
   [ -n "$wheels" ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $wheels
-  [ -f .bundles/fa4.tar.xz ] && mkdir -p /tmp/fa4 && tar xJf .bundles/fa4.tar.xz -C /tmp/fa4
+  for b in .bundles/*.tar.xz; do
+    [ -f "$b" ] && mkdir -p "/tmp/bundles/$(basename "$b" .tar.xz)" && tar xJf "$b" -C "/tmp/bundles/$(basename "$b" .tar.xz)"
+  done
   [ -f .fa4-cache/fa4-cache.tar.xz ] && tar xJf .fa4-cache/fa4-cache.tar.xz -C "$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
   [ -f .triton-autotune/triton-autotune.tar.gz ] && tar xzf .triton-autotune/triton-autotune.tar.gz -C "$TRITON_CACHE_DIR"
   true
@@ -43,10 +47,20 @@ name=$(python3 -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["na
 agg=results/$name/all.parquet
 [ -f "$agg" ] && PYTHONPATH=$PWD python3 -m longca.cli unpack "$agg" >> "$logs/setup.log" 2>&1
 wait "$unpacking"
-export PYTHONPATH=$PWD:/tmp/site:/tmp/fa4:/tmp/fa4/nvidia_cutlass_dsl/dsl_packages
+PYTHONPATH=$PWD:/tmp/site
+for d in /tmp/bundles/*; do
+  [ -d "$d" ] && PYTHONPATH=$PYTHONPATH:$d
+  [ -d "$d/nvidia_cutlass_dsl/dsl_packages" ] && PYTHONPATH=$PYTHONPATH:$d/nvidia_cutlass_dsl/dsl_packages  # no .pth here
+done
+export PYTHONPATH
 { nvidia-smi; python3 -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda,
   "triton", triton.__version__)'; echo "set-up: $((SECONDS - start)) s"; } > "$out/env.txt" 2>&1
 ngpu=$(python3 -c 'import torch; print(max(1, torch.cuda.device_count()))')
+if [ -n "${LONGCA_GPU_TESTS:-}" ]; then
+  # shellcheck disable=SC2086  (the variable holds pytest's arguments)
+  timeout -k 10 $(( limit / 2 )) python3 -m pytest -q -p no:cacheprovider $LONGCA_GPU_TESTS > "$out/gpu-tests.log" 2>&1
+  tail -n 5 "$out/gpu-tests.log"
+fi
 
 # 3. the missing cells, one process per GPU, stopped when the time is up (40 s kept for step 4)
 left=$(( limit - (SECONDS - start) - 40 ))

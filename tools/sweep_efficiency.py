@@ -76,13 +76,16 @@ def main(argv: list[str] | None = None) -> int:
     if error := unknown_sweep(a.sweep, spec.name, (sw.name for sw in spec.sweeps)):
         ap.error(error)
     cells = [c for c in expand(spec) if c.sweep == a.sweep]
-    rows = pl.concat([pl.read_parquet(p, columns=["cell_digest", "samples_ms"]) for p in a.rows],
-                     how="diagonal_relaxed")
+    rows = pl.concat(
+        [pl.read_parquet(p, columns=["cell_digest", "samples_ms"]) for p in a.rows], how="diagonal_relaxed"
+    )
     timed, measured = timed_seconds(rows, {c.digest for c in cells})
     walls = process_walls(read_lines(Path(p) for p in a.logs), a.sweep)
     wall = sum(walls)
-    print(f"{a.spec} sweep {a.sweep}: {measured} of {len(cells)} cells have rows; "
-          f"{len(walls)} processes, {wall:.1f} s of process wall; {timed:.1f} s timed")
+    print(
+        f"{a.spec} sweep {a.sweep}: {measured} of {len(cells)} cells have rows; "
+        f"{len(walls)} processes, {wall:.1f} s of process wall; {timed:.1f} s timed"
+    )
     if wall > 0:
         print(f"timed / process wall = {timed / wall:.3f}")
     if measured < len(cells):

@@ -18,8 +18,15 @@ import sys
 import duckdb
 
 
-def project(medians_ms: list[float], budget_s: float, cap: int, min_iters: int = 10, per_row_s: float = 0.15,
-            per_call_ms: float = 0.05, fixed_s: float = 650.0) -> tuple[float, float]:
+def project(
+    medians_ms: list[float],
+    budget_s: float,
+    cap: int,
+    min_iters: int = 10,
+    per_row_s: float = 0.15,
+    per_call_ms: float = 0.05,
+    fixed_s: float = 650.0,
+) -> tuple[float, float]:
     """(timed share of the projected wall, projected wall in seconds)."""
     timed = wall = 0.0
     for m in medians_ms:
@@ -41,13 +48,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-call-ms", type=float, default=0.05)
     ap.add_argument("--fixed-s", type=float, default=650.0)
     a = ap.parse_args(argv)
-    medians = [r[0] for r in duckdb.execute(
-        "SELECT median_ms FROM read_parquet(?) WHERE sweep = ? AND status = 'ok' AND median_ms > 0",
-        [a.rows, a.sweep]).fetchall()]
+    medians = [
+        r[0]
+        for r in duckdb.execute(
+            "SELECT median_ms FROM read_parquet(?) WHERE sweep = ? AND status = 'ok' AND median_ms > 0",
+            [a.rows, a.sweep],
+        ).fetchall()
+    ]
     if not medians:
         ap.error(f"no ok rows of sweep {a.sweep!r} in {a.rows}")
-    print(f"{len(medians)} ok rows of {a.sweep}; per row {a.per_row_s} s, per call {a.per_call_ms} ms, "
-          f"fixed {a.fixed_s} s")
+    print(
+        f"{len(medians)} ok rows of {a.sweep}; per row {a.per_row_s} s, per call {a.per_call_ms} ms, "
+        f"fixed {a.fixed_s} s"
+    )
     for cap in a.caps:
         for b in a.budgets:
             share, wall = project(medians, b, cap, a.min_iters, a.per_row_s, a.per_call_ms, a.fixed_s)

@@ -10,12 +10,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--spec", required=True)
     p.add_argument("--results", default="results")
     p.add_argument("--out", required=True)
-    p.add_argument("--present-only", action="store_true",
-                   help="aggregate the cells measured so far (a partial sweep), not every planned cell")
-    p.add_argument("--keep", metavar="OLD_AGGREGATE",
-                   help="also keep this earlier aggregate's rows of cells the new table lacks (cells the spec "
-                        "no longer has, or measured under an earlier protocol: the report draws each cell's "
-                        "latest measurement and lists the rest as superseded)")
+    p.add_argument(
+        "--present-only",
+        action="store_true",
+        help="aggregate the cells measured so far (a partial sweep), not every planned cell",
+    )
+    p.add_argument(
+        "--keep",
+        metavar="OLD_AGGREGATE",
+        help="also keep this earlier aggregate's rows of cells the new table lacks (cells the spec "
+        "no longer has, or measured under an earlier protocol: the report draws each cell's "
+        "latest measurement and lists the rest as superseded)",
+    )
     p.set_defaults(func=_aggregate)
 
 

@@ -22,8 +22,9 @@ def _parse_sets(items: list[str] | None) -> dict[str, Any]:
 def _build(args):
     from longca.masks.registry import build_mask
 
-    return build_mask(args.name, args.seqlen, _parse_sets(args.set), seed=args.seed, sample=args.sample,
-                      heads_kv=args.heads_kv)
+    return build_mask(
+        args.name, args.seqlen, _parse_sets(args.set), seed=args.seed, sample=args.sample, heads_kv=args.heads_kv
+    )
 
 
 def _list(args) -> int:
@@ -31,9 +32,16 @@ def _list(args) -> int:
 
     rows = []
     for name, p in PATTERNS.items():
-        rows.append({"name": name, "family": p.family, "description": p.description, "forms": sorted(p.forms),
-                     "default_samples": p.default_samples,
-                     "params": {q.name: {"default": q.default, "help": q.help} for q in p.params}})
+        rows.append(
+            {
+                "name": name,
+                "family": p.family,
+                "description": p.description,
+                "forms": sorted(p.forms),
+                "default_samples": p.default_samples,
+                "params": {q.name: {"default": q.default, "help": q.help} for q in p.params},
+            }
+        )
     if args.json:
         print(json.dumps(rows, indent=1, default=str))
         return 0
@@ -47,9 +55,15 @@ def _list(args) -> int:
 def stats(mask) -> dict[str, Any]:
     """The JSON-able statistics of a mask (what `longca masks stats --json` prints)."""
     out: dict[str, Any] = {
-        "name": mask.name, "seqlen_q": mask.seqlen_q, "seqlen_k": mask.seqlen_k, "params": mask.params,
-        "area": mask.area, "area_per_head": mask.area_per_head, "density": mask.density,
-        "num_documents": mask.num_documents, "documents": list(mask.documents) if mask.documents else None,
+        "name": mask.name,
+        "seqlen_q": mask.seqlen_q,
+        "seqlen_k": mask.seqlen_k,
+        "params": mask.params,
+        "area": mask.area,
+        "area_per_head": mask.area_per_head,
+        "density": mask.density,
+        "num_documents": mask.num_documents,
+        "documents": list(mask.documents) if mask.documents else None,
     }
     if mask.blocks is not None:
         b = mask.blocks

@@ -13,9 +13,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="validate a spec and list its cells and pending jobs")
     p.add_argument("spec", help="spec YAML file")
     p.add_argument("--results", default="results", help="results folder (default: results)")
-    p.add_argument("--rows", action="append", default=[], metavar="PARQUET",
-                   help="also count as done the cells with rows in this aggregate (repeatable), "
-                        "e.g. results copied from another machine and not unpacked")
+    p.add_argument(
+        "--rows",
+        action="append",
+        default=[],
+        metavar="PARQUET",
+        help="also count as done the cells with rows in this aggregate (repeatable), "
+        "e.g. results copied from another machine and not unpacked",
+    )
     p.add_argument("--sweep", action="append", default=None, help="only these sweeps (repeatable)")
     p.add_argument("--only", action="append", default=[], metavar="KEY=VALUE", help=ONLY_HELP)
     p.add_argument("--json", action="store_true", help="print every selected cell as JSON lines")
@@ -34,16 +39,17 @@ def _plan(args: argparse.Namespace) -> int:
     chosen = list(filter(selector(args.only, args.sweep), cells))
     if args.json:
         for c in chosen:
-            print(json.dumps({"id": c.id, "output": c.output(args.results),
-                              "unsupported": planned_unsupported(c)}))
+            print(json.dumps({"id": c.id, "output": c.output(args.results), "unsupported": planned_unsupported(c)}))
         return 0
     recorded = _digests(args.rows)
     wanted = {c.digest for c in chosen}
     kind_of = {c.digest: j.kind for j in jobs for c in j.cells if c.digest in wanted and c.digest not in recorded}
     pending_jobs = [j for j in jobs if any(c.digest in kind_of for c in j.cells)]
     scope = "" if len(chosen) == len(cells) else f" ({len(chosen)} selected)"
-    print(f"spec {spec.name}: {len(cells)} cells in {len(spec.sweeps)} sweep(s){scope}; {len(kind_of)} to run "
-          f"in {len(pending_jobs)} job(s) {dict(collections.Counter(j.kind for j in pending_jobs))}")
+    print(
+        f"spec {spec.name}: {len(cells)} cells in {len(spec.sweeps)} sweep(s){scope}; {len(kind_of)} to run "
+        f"in {len(pending_jobs)} job(s) {dict(collections.Counter(j.kind for j in pending_jobs))}"
+    )
     print(_table(chosen, kind_of))
     return 0
 
@@ -70,5 +76,6 @@ def _table(cells: list, kind_of: dict[str, str]) -> str:
     head = ("sweep", "kernel", "cp", "cells", "done", "to run", "of which planned unsupported")
     rows = [head] + [(*key, *map(str, n)) for key, n in counts.items()]
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    return "\n".join("  ".join(v.ljust(w) if i < 3 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths)))
-                     for r in rows)
+    return "\n".join(
+        "  ".join(v.ljust(w) if i < 3 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))) for r in rows
+    )

@@ -11,14 +11,27 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run cells of a spec; with no outputs, every missing cell")
     p.add_argument("--spec", required=True, help="spec YAML file")
     p.add_argument("--results", default="results", help="results folder (default: results)")
-    p.add_argument("--launcher", default="auto", choices=["auto", "torchrun", "srun"],
-                   help="how context-parallel cells start their processes")
-    p.add_argument("--shard", default=None, metavar="I/N",
-                   help="run only every N-th pending cell starting at I (one process per GPU on one host)")
+    p.add_argument(
+        "--launcher",
+        default="auto",
+        choices=["auto", "torchrun", "srun"],
+        help="how context-parallel cells start their processes",
+    )
+    p.add_argument(
+        "--shard",
+        default=None,
+        metavar="I/N",
+        help="run only every N-th pending cell starting at I (one process per GPU on one host)",
+    )
     p.add_argument("--sweep", action="append", default=None, help="only these sweeps (repeatable)")
     p.add_argument("--only", action="append", default=[], metavar="KEY=VALUE", help=ONLY_HELP)
-    p.add_argument("--retry", action="append", default=[], choices=["error", "timeout", "oom", "incorrect"],
-                   help="also rerun cells whose recorded status is this (repeatable), e.g. after a fix")
+    p.add_argument(
+        "--retry",
+        action="append",
+        default=[],
+        choices=["error", "timeout", "oom", "incorrect"],
+        help="also rerun cells whose recorded status is this (repeatable), e.g. after a fix",
+    )
     p.add_argument("outputs", nargs="*", help="cell output files to produce (as planned by the Snakefile)")
     p.set_defaults(func=_run)
 

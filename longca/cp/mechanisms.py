@@ -33,11 +33,11 @@ import torch
 
 from longca.cp import allgather, ring, ulysses
 from longca.cp.comm import Comm
-from longca.kernels.base import Unsupported
-from longca.kernels.rank import SubMask
 from longca.cp.sharding import Sharding
 from longca.cp.submask import layout_step_areas, layouts_of_groups, sub_layout, sub_mask
 from longca.cp.topology import Topology
+from longca.kernels.base import Unsupported
+from longca.kernels.rank import SubMask
 from longca.masks import slices as sl
 from longca.masks.blocks import BlockLayout
 
@@ -50,13 +50,16 @@ class Mechanism:
     description: str
 
 
-MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
-    Mechanism("ulysses", "p2p", (), "all-to-all sequence <-> heads; full-sequence local attention"),
-    Mechanism("ring_p2p", "p2p", (), "KV passed around the ring, overlapped with compute"),
-    Mechanism("ring_allgather", "allgather", (), "one KV all-gather, reduce-scatter of dK/dV"),
-    Mechanism("usp", "p2p", ("ulysses", "ring"), "Ulysses inside groups x ring across them"),
-    Mechanism("loongtrain", "p2p", ("ulysses", "ring", "windows"), "Ulysses x double ring (windows)"),
-)}
+MECHANISMS: dict[str, Mechanism] = {
+    m.name: m
+    for m in (
+        Mechanism("ulysses", "p2p", (), "all-to-all sequence <-> heads; full-sequence local attention"),
+        Mechanism("ring_p2p", "p2p", (), "KV passed around the ring, overlapped with compute"),
+        Mechanism("ring_allgather", "allgather", (), "one KV all-gather, reduce-scatter of dK/dV"),
+        Mechanism("usp", "p2p", ("ulysses", "ring"), "Ulysses inside groups x ring across them"),
+        Mechanism("loongtrain", "p2p", ("ulysses", "ring", "windows"), "Ulysses x double ring (windows)"),
+    )
+}
 
 
 def resolve_degrees(mechanism: str, world: int, degrees: dict[str, int] | None) -> tuple[int, int, int]:
@@ -78,13 +81,17 @@ def resolve_degrees(mechanism: str, world: int, degrees: dict[str, int] | None) 
     given = {k: v for k, v in d.items() if v is not None}
     for key, val in (("ulysses", u), ("ring", r), ("windows", w)):
         if key in given and int(given[key]) != val:
-            raise ValueError(f"degrees.{key}={given[key]} does not fit mechanism {mechanism!r} at "
-                             f"world_size={world} (it uses {key}={val})")
+            raise ValueError(
+                f"degrees.{key}={given[key]} does not fit mechanism {mechanism!r} at "
+                f"world_size={world} (it uses {key}={val})"
+            )
     if u < 1 or r < 1 or u * r != world:
         raise ValueError(f"degrees ulysses={u} x ring={r} must multiply to world_size={world}")
     if w < 1 or r % w:
-        raise ValueError(f"degrees.windows={w} must divide the ring degree {r}; allowed: "
-                         f"{[x for x in range(1, r + 1) if r % x == 0]}")
+        raise ValueError(
+            f"degrees.windows={w} must divide the ring degree {r}; allowed: "
+            f"{[x for x in range(1, r + 1) if r % x == 0]}"
+        )
     return u, r, w
 
 
@@ -133,10 +140,20 @@ class Plan:
         return ring.ring_bwd(dout, q, k, v, out, lse, self.subs, self.kernel, self.topo, self.comm)
 
 
-def build_plan(mechanism: str, degrees: dict[str, int] | None, slices: np.ndarray, sharding: Sharding,
-               rank: int, heads_q: int, heads_kv: int, kernel: Any, device: torch.device,
-               comm: Comm | None = None, blocks: BlockLayout | None = None,
-               topo: Topology | None = None) -> Plan:
+def build_plan(
+    mechanism: str,
+    degrees: dict[str, int] | None,
+    slices: np.ndarray,
+    sharding: Sharding,
+    rank: int,
+    heads_q: int,
+    heads_kv: int,
+    kernel: Any,
+    device: torch.device,
+    comm: Comm | None = None,
+    blocks: BlockLayout | None = None,
+    topo: Topology | None = None,
+) -> Plan:
     """Resolve degrees, create the groups, cut the mask for every (participant, participant) pair
     (on every rank, so support checks agree everywhere) and prepare this rank's sub-masks.
     `blocks`: the layout of a block-sparse mask (its `slices` are empty and ignored).
@@ -169,14 +186,20 @@ def build_plan(mechanism: str, degrees: dict[str, int] | None, slices: np.ndarra
 
 def _check_blocks(blocks: BlockLayout, kernel: Any, sharding: Sharding, heads_kv: int) -> None:
     if not hasattr(kernel, "prepare_blocks"):
-        raise Unsupported(f"kernel {kernel.name!r} takes slice masks only as a CP per-rank kernel; block-sparse masks need "
-                          f"naive, flex or triton_block_sparse")
+        raise Unsupported(
+            f"kernel {kernel.name!r} takes slice masks only as a CP per-rank kernel; block-sparse masks need "
+            f"naive, flex or triton_block_sparse"
+        )
     if blocks.heads != heads_kv:  # never reuse one head's layout for another
-        raise ValueError(f"the block-sparse mask has layouts for {blocks.heads} KV heads but heads_kv={heads_kv}; "
-                         f"build it with heads_kv={heads_kv}")
+        raise ValueError(
+            f"the block-sparse mask has layouts for {blocks.heads} KV heads but heads_kv={heads_kv}; "
+            f"build it with heads_kv={heads_kv}"
+        )
     if int(blocks.q_bounds[-1]) != sharding.seqlen or int(blocks.k_bounds[-1]) != sharding.seqlen:
-        raise ValueError(f"the block layout covers {int(blocks.q_bounds[-1])} x {int(blocks.k_bounds[-1])} "
-                         f"tokens but the sharding {sharding.seqlen}")
+        raise ValueError(
+            f"the block layout covers {int(blocks.q_bounds[-1])} x {int(blocks.k_bounds[-1])} "
+            f"tokens but the sharding {sharding.seqlen}"
+        )
 
 
 def kv_heads_of_member(heads_kv: int, rep: int, u: int, j: int) -> np.ndarray:
@@ -186,23 +209,31 @@ def kv_heads_of_member(heads_kv: int, rep: int, u: int, j: int) -> np.ndarray:
     return np.arange(j * n, (j + 1) * n, dtype=np.int64) // rep
 
 
-def _block_plan(mechanism: str, blocks: BlockLayout, layouts, topo: Topology, rep: int, heads_q: int,
-                heads_kv: int, kernel: Any, device: torch.device, comm: Comm | None) -> Plan:
+def _block_plan(
+    mechanism: str,
+    blocks: BlockLayout,
+    layouts,
+    topo: Topology,
+    rep: int,
+    heads_q: int,
+    heads_kv: int,
+    kernel: Any,
+    device: torch.device,
+    comm: Comm | None,
+) -> Plan:
     u, r = topo.ulysses, topo.ring
     areas = layout_step_areas(blocks, layouts)  # (Hkv, r, r) exact, from per-block token counts
     hq_loc = heads_q // u
     group_loc = hq_loc // (heads_kv * rep // u)  # local query heads per local KV head
     mine = kv_heads_of_member(heads_kv, rep, u, topo.uly_index)
     i = topo.ring_index
-    subs = [kernel.prepare_blocks(sub_layout(blocks, layouts[i], layouts[j], mine), hq_loc, device)
-            for j in range(r)]
+    subs = [kernel.prepare_blocks(sub_layout(blocks, layouts[i], layouts[j], mine), hq_loc, device) for j in range(r)]
     rank_work = []
     for g in range(topo.world):
         ri, j = divmod(g, u)
         heads = kv_heads_of_member(heads_kv, rep, u, j)
         rank_work.append(int(group_loc * areas[heads, ri, :].sum()))
-    return Plan(MECHANISMS[mechanism], topo, kernel, subs, rep, comm or Comm(), rank_work, heads_q,
-                areas.sum(axis=0))
+    return Plan(MECHANISMS[mechanism], topo, kernel, subs, rep, comm or Comm(), rank_work, heads_q, areas.sum(axis=0))
 
 
 class _CPAttention(torch.autograd.Function):

@@ -11,9 +11,15 @@ from longca.masks import slices as sl
 from longca.measure.reference import dense_mask_tensor
 
 
-def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slices,
-                        dout: torch.Tensor | None = None, dtype: torch.dtype = torch.float64,
-                        kv_heads_per_chunk: int | None = None):
+def reference_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slices,
+    dout: torch.Tensor | None = None,
+    dtype: torch.dtype = torch.float64,
+    kv_heads_per_chunk: int | None = None,
+):
     """Output (and q/k/v gradients when dout is given) of masked softmax attention.
 
     `slices`: the mask's slices, or a Mask (per-KV-head masks, e.g. block-sparse, use each KV
@@ -36,8 +42,16 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slice
         h1 = min(hk, h0 + step)
         # A per-KV-head mask (Hkv, S, S) gives each query head its KV head's mask.
         m = mask[h0:h1].repeat_interleave(g, 0) if mask.dim() == 3 else mask
-        parts.append(_attention(q[:, h0 * g:h1 * g], k[:, h0:h1], v[:, h0:h1], m,
-                                None if dout is None else dout[:, h0 * g:h1 * g], dtype))
+        parts.append(
+            _attention(
+                q[:, h0 * g : h1 * g],
+                k[:, h0:h1],
+                v[:, h0:h1],
+                m,
+                None if dout is None else dout[:, h0 * g : h1 * g],
+                dtype,
+            )
+        )
     out = torch.cat([p[0] for p in parts], 1)
     if dout is None:
         return out, None, None, None

@@ -17,9 +17,9 @@ from __future__ import annotations
 import torch
 
 from longca.cp.comm import Comm
-from longca.kernels.rank import acc_dtype
-from longca.kernels.lse import Part, combine_parts, fold, parts_of
 from longca.cp.topology import Topology
+from longca.kernels.lse import Part, combine_parts, fold, parts_of
+from longca.kernels.rank import acc_dtype
 
 
 def _schedule(topo: Topology):

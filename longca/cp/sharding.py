@@ -56,7 +56,8 @@ def _check_divisible(seqlen: int, parts: int, balance: str, world: int) -> None:
     if seqlen % parts:
         raise ValueError(
             f"seqlen={seqlen} is not divisible by {parts} (balance={balance!r} with world_size={world} "
-            f"cuts the sequence into {parts} equal chunks)")
+            f"cuts the sequence into {parts} equal chunks)"
+        )
 
 
 def contiguous(seqlen: int, world: int) -> Sharding:
@@ -68,8 +69,11 @@ def contiguous(seqlen: int, world: int) -> Sharding:
 def zigzag(seqlen: int, world: int) -> Sharding:
     _check_divisible(seqlen, 2 * world, "zigzag", world)
     c = seqlen // (2 * world)
-    return Sharding("zigzag", seqlen, tuple(
-        ((r * c, (r + 1) * c), ((2 * world - 1 - r) * c, (2 * world - r) * c)) for r in range(world)))
+    return Sharding(
+        "zigzag",
+        seqlen,
+        tuple(((r * c, (r + 1) * c), ((2 * world - 1 - r) * c, (2 * world - r) * c)) for r in range(world)),
+    )
 
 
 def _merge(chunks: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
@@ -88,7 +92,7 @@ def row_areas(slices: np.ndarray, seqlen: int) -> np.ndarray:
     for row in np.asarray(slices).reshape(-1, 5):
         q = np.arange(row[0], row[1])
         lo, hi = sl.row_bounds(row, q)
-        counts[row[0]:row[1]] += hi - lo
+        counts[row[0] : row[1]] += hi - lo
     return counts
 
 

@@ -115,14 +115,13 @@ def cut_bounds(bounds: np.ndarray, layout: Layout) -> tuple[np.ndarray, np.ndarr
             raise ValueError(f"interval [{a}, {b}) is outside the mask's [0, {int(bounds[-1])})")
         first = int(np.searchsorted(bounds, a, side="right")) - 1
         last = int(np.searchsorted(bounds, b, side="left"))  # blocks first .. last-1 overlap [a, b)
-        edges.append(np.append(bounds[first + 1:last], b) - a + off)
+        edges.append(np.append(bounds[first + 1 : last], b) - a + off)
         blocks.append(np.arange(first, last, dtype=np.int64))
         off += b - a
     return np.concatenate(edges), np.concatenate(blocks) if blocks else np.zeros(0, dtype=np.int64)
 
 
-def sub_layout(layout: BlockLayout, q_layout: Layout, k_layout: Layout,
-               heads: np.ndarray | None = None) -> BlockLayout:
+def sub_layout(layout: BlockLayout, q_layout: Layout, k_layout: Layout, heads: np.ndarray | None = None) -> BlockLayout:
     """The block layout between q_layout's and k_layout's tokens, in local coordinates, for the KV
     heads `heads` (indices into layout.kept, default all): local block (i, j) of head h is kept iff
     the global blocks it comes from are kept for that head. Derived from the block lists alone

@@ -58,7 +58,7 @@ class Topology:
         return ring_index * self.ulysses + self.uly_index
 
     @classmethod
-    def build(cls, world: int, rank: int, ulysses: int, ring: int, windows: int = 1) -> "Topology":
+    def build(cls, world: int, rank: int, ulysses: int, ring: int, windows: int = 1) -> Topology:
         if ulysses * ring != world:
             raise ValueError(f"degrees ulysses={ulysses} x ring={ring} must equal world_size={world}")
         if windows < 1 or ring % windows:

@@ -26,8 +26,9 @@ def kv_replication(heads_q: int, heads_kv: int, u: int) -> int:
             raise Unsupported(f"heads_kv={heads_kv} is not divisible by the Ulysses degree {u}")
         return 1
     if u % heads_kv:
-        raise Unsupported(f"heads_kv={heads_kv} < Ulysses degree {u} and does not divide it, "
-                          f"so KV heads cannot be replicated evenly")
+        raise Unsupported(
+            f"heads_kv={heads_kv} < Ulysses degree {u} and does not divide it, so KV heads cannot be replicated evenly"
+        )
     return u // heads_kv
 
 

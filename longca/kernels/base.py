@@ -10,8 +10,9 @@ The runner builds inputs directly in that layout, outside the timed region.
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -29,6 +30,7 @@ MASK_FORMS = (
     "dense",  # an explicit boolean (S, S) tensor: memory O(S^2), small S only
     "blockmask",  # FlexAttention BlockMask + mask_mod built from the slices
     "slices",  # the slice array itself (kernels that take (q_range, k_range, kind) lists)
+    "intervals",  # per query, its visible keys as a union of intervals [0,F0) U [F1,F2) U ... (cuDNN)
     "block_sparse",  # block-level kept-block lists (per KV head)
 )
 
@@ -104,8 +106,18 @@ class Kernel(Protocol):
     layout: str
     description: str
 
-    def prepare(self, mask: Mask, *, batch: int, heads_q: int, heads_kv: int, head_dim: int,
-                dtype: torch.dtype, device: torch.device, form: str) -> Prepared:
+    def prepare(
+        self,
+        mask: Mask,
+        *,
+        batch: int,
+        heads_q: int,
+        heads_kv: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        form: str,
+    ) -> Prepared:
         """Convert the mask to `form` and return the callable (q, k, v) -> out in `layout`."""
         ...
 
@@ -149,8 +161,9 @@ def block_layout(kernel: Any, mask: Mask, form: str, heads_q: int, heads_kv: int
         raise Unsupported("GQA (heads_q != heads_kv) not supported")
     sizes = kernel.caps.block_sizes
     if sizes is not None and layout.uniform_block not in sizes:
-        raise Unsupported(f"uniform blocks of {sorted(sizes)} only; this layout has "
-                          f"{layout.uniform_block or 'variable'} blocks")
+        raise Unsupported(
+            f"uniform blocks of {sorted(sizes)} only; this layout has {layout.uniform_block or 'variable'} blocks"
+        )
     return layout
 
 
@@ -173,9 +186,19 @@ class Unsupported(Exception):
     """Raised by an adapter for a combination it cannot run; the row becomes `unsupported`."""
 
 
-def static_unsupported_reason(caps: Capabilities, *, mask_name: str, mask_forms: frozenset[str], dtype: str,
-                              head_dim: int, heads_q: int, heads_kv: int, pass_: str, device: str,
-                              block_size: int | None = None) -> str | None:
+def static_unsupported_reason(
+    caps: Capabilities,
+    *,
+    mask_name: str,
+    mask_forms: frozenset[str],
+    dtype: str,
+    head_dim: int,
+    heads_q: int,
+    heads_kv: int,
+    pass_: str,
+    device: str,
+    block_size: int | None = None,
+) -> str | None:
     """Why a kernel cannot run a cell, from declared capabilities alone (planning time), or None.
     `block_size`: a block-sparse mask's uniform block (None for variable blocks and other masks)."""
     if device not in caps.devices:
@@ -219,7 +242,7 @@ def rank_unsupported_reason(caps: Capabilities, *, device: str, dtype: str, bloc
 
 def choose_form(caps: Capabilities, mask_forms: frozenset[str]) -> str:
     """The most specific form both sides share (a kernel's native flag beats a generic mask)."""
-    for form in ("full", "causal", "window", "varlen", "block_sparse", "slices", "blockmask", "dense"):
+    for form in ("full", "causal", "window", "varlen", "block_sparse", "slices", "intervals", "blockmask", "dense"):
         if form in caps.mask_forms and form in mask_forms:
             return form
     raise Unsupported(f"no common mask form: mask offers {sorted(mask_forms)}, kernel takes {sorted(caps.mask_forms)}")

@@ -30,7 +30,8 @@ from __future__ import annotations
 import functools
 import inspect
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -43,10 +44,14 @@ def _mask_fn_and_buffers(mask_mod: Callable) -> tuple[Callable, tuple[torch.Tens
     if hasattr(mask_mod, "with_buffers"):
         return mask_mod.with_buffers, tuple(mask_mod.buffers)
     cells = [c.cell_contents for c in (getattr(mask_mod, "__closure__", None) or ())]
-    if any(isinstance(x, torch.Tensor) or (isinstance(x, (list, tuple)) and any(isinstance(y, torch.Tensor) for y in x))
-           for x in cells):
-        raise ValueError("flex_backward: the BlockMask's mask_mod captures tensors; give it `buffers` and "
-                         "`with_buffers` (see longca.masks.flex._explicit)")
+    if any(
+        isinstance(x, torch.Tensor) or (isinstance(x, (list, tuple)) and any(isinstance(y, torch.Tensor) for y in x))
+        for x in cells
+    ):
+        raise ValueError(
+            "flex_backward: the BlockMask's mask_mod captures tensors; give it `buffers` and "
+            "`with_buffers` (see longca.masks.flex._explicit)"
+        )
     return mask_mod, ()
 
 
@@ -89,12 +94,13 @@ def _backward_fn(block_tuple: tuple, mask_fn: Callable, scale: float, options: d
     n_tensors = len(tensor_at)
 
     def f(q, k, v, out, lse2, dout, *rest):
-        bufs, blocks = rest[:len(rest) - n_tensors], rest[len(rest) - n_tensors:]
+        bufs, blocks = rest[: len(rest) - n_tensors], rest[len(rest) - n_tensors :]
         t = list(block_tuple[:-1]) + [mask_fn]
         for i, x in zip(tensor_at, blocks):
             t[i] = x
-        dq, dk, dv, _ = flex_attention_backward(q, k, v, out, lse2, dout, None, fw, joint, tuple(t), scale,
-                                                options, (), tuple(bufs))
+        dq, dk, dv, _ = flex_attention_backward(
+            q, k, v, out, lse2, dout, None, fw, joint, tuple(t), scale, options, (), tuple(bufs)
+        )
         return dq, dk, dv
 
     return f
@@ -108,8 +114,14 @@ def _signature(block_tuple: tuple, args: tuple) -> tuple:
     """What a traced graph depends on besides tensor contents: every input's shape, stride, dtype and
     device, and the BlockMask's non-tensor entries (lengths, block sizes)."""
     meta = tuple((tuple(a.shape), tuple(a.stride()), a.dtype, a.device) for a in args)
-    consts = tuple("tensor" if isinstance(x, torch.Tensor) else x if isinstance(x, (int, float, bool, type(None)))
-                   else type(x).__name__ for x in block_tuple[:-1])  # which entries are tensors, too
+    consts = tuple(
+        "tensor"
+        if isinstance(x, torch.Tensor)
+        else x
+        if isinstance(x, (int, float, bool, type(None)))
+        else type(x).__name__
+        for x in block_tuple[:-1]
+    )  # which entries are tensors, too
     return meta + consts
 
 
@@ -118,12 +130,21 @@ def _closure_constants(fn: Callable) -> tuple:
     a traced graph holds them as constants."""
     cells = [c.cell_contents for c in (getattr(fn, "__closure__", None) or ())]
     return (getattr(fn, "__code__", None),) + tuple(
-        x for x in cells if isinstance(x, (int, float, bool, str, type(None))))
+        x for x in cells if isinstance(x, (int, float, bool, str, type(None)))
+    )
 
 
-def flex_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                  lse: torch.Tensor, block_mask, scale: float | None = None,
-                  compiled: bool | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def flex_backward(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    block_mask,
+    scale: float | None = None,
+    compiled: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of attention under `block_mask` whose softmax statistics are (out, lse): with a
     ring step's K/V and the combined (out, lse), the step's exact share of the gradients.
     `compiled` defaults to True on CUDA (Inductor's Triton kernel) and False elsewhere (eager)."""
@@ -135,12 +156,25 @@ def flex_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     block_tuple = block_mask.as_tuple()
     lse = lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
     lse2 = lse / LN2 if _lse_is_log2(options) else lse
-    inputs = (q, k, v, out.to(q.dtype).contiguous(), lse2.contiguous(), dout.to(q.dtype).contiguous(), *bufs,
-              *_block_tensors(block_tuple))
+    inputs = (
+        q,
+        k,
+        v,
+        out.to(q.dtype).contiguous(),
+        lse2.contiguous(),
+        dout.to(q.dtype).contiguous(),
+        *bufs,
+        *_block_tensors(block_tuple),
+    )
     if not compiled:
         return _backward_fn(block_tuple, mask_fn, scale, options, *_graphs(q))(*inputs)
-    key = (_signature(block_tuple, inputs), len(bufs), _closure_constants(mask_fn), scale,
-           tuple(sorted(options.items())))
+    key = (
+        _signature(block_tuple, inputs),
+        len(bufs),
+        _closure_constants(mask_fn),
+        scale,
+        tuple(sorted(options.items())),
+    )
     fn = _compiled.get(key)
     if fn is None:
         fn = _compiled[key] = _compile(_backward_fn(block_tuple, mask_fn, scale, options, *_graphs(q)), inputs)

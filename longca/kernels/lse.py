@@ -9,7 +9,8 @@ lse = -inf and out = 0 (no NaN). Shapes: out (B, H, S, D), lse (B, H, S). Partia
 from __future__ import annotations
 
 import warnings
-from typing import Any, NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import torch
 
@@ -74,14 +75,22 @@ def _segment(out, lse, outs, lses, fused: bool | None = None) -> None:
         except torch.OutOfMemoryError:
             raise
         except Exception as exc:  # noqa: BLE001  a compiler failure must not cost the cell
-            warnings.warn(f"compiled LSE combination failed ({type(exc).__name__}: {str(exc)[:200]}); combining eagerly")
+            warnings.warn(
+                f"compiled LSE combination failed ({type(exc).__name__}: {str(exc)[:200]}); combining eagerly",
+                stacklevel=2,
+            )
             _fused_segment = False
     _segment_into(out, lse, outs, lses)
 
 
-def combine_parts(parts: Sequence[Part], shape: tuple[int, int, int, int], out_dtype: torch.dtype,
-                  acc_dtype: torch.dtype, device: torch.device,
-                  fused: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def combine_parts(
+    parts: Sequence[Part],
+    shape: tuple[int, int, int, int],
+    out_dtype: torch.dtype,
+    acc_dtype: torch.dtype,
+    device: torch.device,
+    fused: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(out (B, H, S, Dv) in out_dtype, lse (B, H, S) in acc_dtype) from parts over row ranges.
 
     Rows are cut where any part starts or ends. Each segment is one pass (compiled when `fused`,
@@ -103,13 +112,19 @@ def combine_parts(parts: Sequence[Part], shape: tuple[int, int, int, int], out_d
             out[:, :, a:z].zero_()
             lse[:, :, a:z].fill_(float("-inf"))
             continue
-        _segment(out[:, :, a:z], lse[:, :, a:z], [p.out[:, :, a - p.q0:z - p.q0] for p in cover],
-                 [p.lse[:, :, a - p.q0:z - p.q0] for p in cover], fused)
+        _segment(
+            out[:, :, a:z],
+            lse[:, :, a:z],
+            [p.out[:, :, a - p.q0 : z - p.q0] for p in cover],
+            [p.lse[:, :, a - p.q0 : z - p.q0] for p in cover],
+            fused,
+        )
     return out, lse
 
 
-def fold(parts: list[Part], shape: tuple[int, int, int, int], acc_dtype: torch.dtype,
-         device: torch.device) -> list[Part]:
+def fold(
+    parts: list[Part], shape: tuple[int, int, int, int], acc_dtype: torch.dtype, device: torch.device
+) -> list[Part]:
     """Parts folded into one full-row part in acc_dtype once more than MAX_PENDING_PARTS wait."""
     if len(parts) <= MAX_PENDING_PARTS:
         return parts

@@ -29,8 +29,9 @@ heads the kernel will see (k.shape[1]); heads_q is the local query head count.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -203,8 +204,15 @@ class Flex:
     def _call(self, q, k, v, sub):
         from torch.nn.attention.flex_attention import AuxRequest
 
-        out, aux = self._flex(q.device)(q, k, v, block_mask=sub.form, scale=1.0 / math.sqrt(q.shape[-1]),
-                                        enable_gqa=q.shape[1] != k.shape[1], return_aux=AuxRequest(lse=True))
+        out, aux = self._flex(q.device)(
+            q,
+            k,
+            v,
+            block_mask=sub.form,
+            scale=1.0 / math.sqrt(q.shape[-1]),
+            enable_gqa=q.shape[1] != k.shape[1],
+            return_aux=AuxRequest(lse=True),
+        )
         return out, aux.lse
 
     def fwd_parts(self, q, k, v, sub) -> list:
@@ -248,8 +256,10 @@ def rectangles(slices: np.ndarray) -> list[tuple[int, int, int, int, bool]]:
             else:  # the first m - n rows see nothing
                 out.append((q1 - n, q1, k0, k1, True))
         else:
-            raise Unsupported(f"sdpa local kernels take FULL and CAUSAL rectangles; this sub-mask has a "
-                              f"{sl.Kind(kind).name} slice (use the per-rank kernel 'flex')")
+            raise Unsupported(
+                f"sdpa local kernels take FULL and CAUSAL rectangles; this sub-mask has a "
+                f"{sl.Kind(kind).name} slice (use the per-rank kernel 'flex')"
+            )
     return out
 
 
@@ -258,7 +268,6 @@ class Sdpa:
     cuDNN). GQA: K/V go to the ops with their own head count where the op computes GQA itself
     (checked once per device, dtype and head dim against the ops on repeated K/V), else KV heads
     are repeated to Hq for the call and their gradients summed back."""
-
 
     def __init__(self, backend: str) -> None:
         self.backend = backend
@@ -288,9 +297,11 @@ class Sdpa:
         sq, sk, scale = q.shape[2], k.shape[2], 1.0 / math.sqrt(q.shape[-1])
         if self.backend == "flash":
             return torch.ops.aten._scaled_dot_product_flash_attention_backward(
-                do, q, k, v, o, lse, tmpl[2], tmpl[3], sq, sk, 0.0, causal, tmpl[6], tmpl[7], scale=scale)
+                do, q, k, v, o, lse, tmpl[2], tmpl[3], sq, sk, 0.0, causal, tmpl[6], tmpl[7], scale=scale
+            )
         return torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
-            do, q, k, v, o, lse, tmpl[6], tmpl[7], None, tmpl[2], tmpl[3], sq, sk, 0.0, causal, scale=scale)
+            do, q, k, v, o, lse, tmpl[6], tmpl[7], None, tmpl[2], tmpl[3], sq, sk, 0.0, causal, scale=scale
+        )
 
     def _template(self, q):
         """Auxiliary arguments of the backward ops (rng state, undefined varlen offsets), taken once
@@ -394,8 +405,10 @@ class TritonBlockSparse:
     name = "triton_block_sparse"
 
     def prepare_check(self, slices: np.ndarray) -> None:
-        raise Unsupported("per-rank kernel 'triton_block_sparse' takes block-sparse masks (block_sparse, "
-                          "variable_block_sparse), not slice masks (use flex or sdpa_cudnn)")
+        raise Unsupported(
+            "per-rank kernel 'triton_block_sparse' takes block-sparse masks (block_sparse, "
+            "variable_block_sparse), not slice masks (use flex or sdpa_cudnn)"
+        )
 
     def prepare(self, slices, seqlen_q, seqlen_k, device):
         self.prepare_check(slices)
@@ -404,10 +417,11 @@ class TritonBlockSparse:
         import os
 
         if torch.device(device).type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-            raise Unsupported("per-rank kernel 'triton_block_sparse' runs on CUDA, or on CPU only under "
-                              "Triton's interpreter (TRITON_INTERPRET=1 set before triton is imported)")
-        return SubMask(NO_SLICES, int(layout.q_bounds[-1]), int(layout.k_bounds[-1]), _layout_area(layout), {},
-                       layout)
+            raise Unsupported(
+                "per-rank kernel 'triton_block_sparse' runs on CUDA, or on CPU only under "
+                "Triton's interpreter (TRITON_INTERPRET=1 set before triton is imported)"
+            )
+        return SubMask(NO_SLICES, int(layout.q_bounds[-1]), int(layout.k_bounds[-1]), _layout_area(layout), {}, layout)
 
     def __init__(self) -> None:
         self.tiles: set[str] = set()  # the tile configs this instance's plans ran with
@@ -445,6 +459,7 @@ class TritonBlockSparse:
 
         _check_heads(sub, k)
         a = acc_dtype(q.dtype)
-        grads = block_sparse_attn_bwd(q, k, v, out.to(q.dtype).contiguous(), lse.float().contiguous(),
-                                      dout.to(q.dtype), self._plan(sub, q))
+        grads = block_sparse_attn_bwd(
+            q, k, v, out.to(q.dtype).contiguous(), lse.float().contiguous(), dout.to(q.dtype), self._plan(sub, q)
+        )
         return tuple(g.to(a) for g in grads)

@@ -57,6 +57,8 @@ def rank_kernel(name: str):
     the kernels that can serve when this one cannot."""
     kernel = get(name)
     if kernel.caps.cp is None:
-        raise Unsupported(f"kernel {name!r} cannot be a context-parallel per-rank kernel (it returns no LSE or "
-                          f"its backward takes no combined output and LSE); allowed: {rank_kernel_names()}")
+        raise Unsupported(
+            f"kernel {name!r} cannot be a context-parallel per-rank kernel (it returns no LSE or "
+            f"its backward takes no combined output and LSE); allowed: {rank_kernel_names()}"
+        )
     return kernel.rank_kernel()

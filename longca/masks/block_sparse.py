@@ -102,7 +102,7 @@ def top_k_kept(scores: np.ndarray, keep: int) -> np.ndarray:
         buf[...] = s
         # In-place selection: the keep-th largest lands at position nk - keep of each row.
         buf.partition(nk - keep, axis=-1)
-        thr = buf[:, nk - keep:nk - keep + 1]
+        thr = buf[:, nk - keep : nk - keep + 1]
         k = np.greater(s, thr, out=kept[h])
         ties = s == thr
         need = keep - k.sum(axis=-1)
@@ -114,15 +114,26 @@ def top_k_kept(scores: np.ndarray, keep: int) -> np.ndarray:
     return kept
 
 
-def top_k_layout(scores: np.ndarray, q_bounds: np.ndarray, k_bounds: np.ndarray, density: float,
-                 uniform_block: int | None) -> BlockLayout:
+def top_k_layout(
+    scores: np.ndarray, q_bounds: np.ndarray, k_bounds: np.ndarray, density: float, uniform_block: int | None
+) -> BlockLayout:
     """Keep the top `keep_count` key blocks per (head, query block); ties broken by block index."""
     kept = top_k_kept(scores, keep_count(density, scores.shape[-1]))
     return BlockLayout(q_bounds, k_bounds, kept, uniform_block)
 
 
-def layout(seqlen: int, q_bounds: np.ndarray, k_bounds: np.ndarray, *, density: float, score: str,
-           heads_kv: int, rng: np.random.Generator, inputs=None, uniform_block: int | None = None) -> BlockLayout:
+def layout(
+    seqlen: int,
+    q_bounds: np.ndarray,
+    k_bounds: np.ndarray,
+    *,
+    density: float,
+    score: str,
+    heads_kv: int,
+    rng: np.random.Generator,
+    inputs=None,
+    uniform_block: int | None = None,
+) -> BlockLayout:
     if score == "random":
         scores = random_scores(heads_kv, len(q_bounds) - 1, len(k_bounds) - 1, rng)
     elif score == "importance":

@@ -39,8 +39,12 @@ class BlockLayout:
     def slices(self, head: int) -> np.ndarray:
         """Slices of one KV head: one FULL rectangle per kept block pair (small S only)."""
         i, j = np.nonzero(self.kept[head])
-        return sl.make_slices(np.stack([self.q_bounds[i], self.q_bounds[i + 1], self.k_bounds[j],
-                                        self.k_bounds[j + 1], np.zeros_like(i)], axis=1))
+        return sl.make_slices(
+            np.stack(
+                [self.q_bounds[i], self.q_bounds[i + 1], self.k_bounds[j], self.k_bounds[j + 1], np.zeros_like(i)],
+                axis=1,
+            )
+        )
 
     def kv_indices(self, head: int) -> list[np.ndarray]:
         """Per query block, the sorted kept key-block indices (what sparse kernels iterate)."""

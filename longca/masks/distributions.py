@@ -47,7 +47,9 @@ def _from_rows(name: str, rows: list[tuple[float, float, float]]) -> Histogram:
     if (low != np.round(low)).any() or (high != np.round(high)).any():
         raise ValueError(f"distribution {name!r}: bin bounds must be integers")
     if (low < 1).any() or (high < low).any():
-        raise ValueError(f"distribution {name!r}: bins need 1 <= low <= high; got {rows[int(np.argmax((low < 1) | (high < low)))]}")
+        raise ValueError(
+            f"distribution {name!r}: bins need 1 <= low <= high; got {rows[int(np.argmax((low < 1) | (high < low)))]}"
+        )
     if (w < 0).any() or w.sum() <= 0:
         raise ValueError(f"distribution {name!r}: weights must be >= 0 with a positive sum")
     return Histogram(name, low.astype(np.int64), high.astype(np.int64), w / w.sum())
@@ -88,7 +90,7 @@ def load_histogram(name: str) -> Histogram:
     if name in _CACHE:
         return _CACHE[name]
     if name.startswith("file:"):
-        path = Path(name[len("file:"):])
+        path = Path(name[len("file:") :])
         if not path.exists():
             raise FileNotFoundError(f"distribution {name!r}: file {str(path)!r} not found")
         hist = parse_histogram(name, path.read_text(), yaml_format=path.suffix in (".yaml", ".yml"))

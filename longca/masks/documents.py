@@ -27,8 +27,9 @@ def _fill(total: int, draw, rng: np.random.Generator) -> list[int]:
     return lengths
 
 
-def sample_documents(total: int, distribution: str, rng: np.random.Generator, *,
-                     long_fraction: float = 0.0) -> tuple[int, ...]:
+def sample_documents(
+    total: int, distribution: str, rng: np.random.Generator, *, long_fraction: float = 0.0
+) -> tuple[int, ...]:
     """Document lengths summing exactly to `total`, drawn from a concrete named distribution.
 
     `distribution` must already be resolved (not "auto"); see distributions.resolve.

@@ -34,19 +34,34 @@ def chart(mask: Mask, cells: int = 128, size: int = 320, title: str | None = Non
 
     frac, block = block_fractions(mask, cells)
     i, j = np.nonzero(frac > 0)
-    values = [{"q": int(a) * block, "k": int(b) * block, "q2": min(int(a + 1) * block, mask.seqlen_q),
-               "k2": min(int(b + 1) * block, mask.seqlen_k), "fraction": round(float(frac[a, b]), 4)}
-              for a, b in zip(i, j)]
+    values = [
+        {
+            "q": int(a) * block,
+            "k": int(b) * block,
+            "q2": min(int(a + 1) * block, mask.seqlen_q),
+            "k2": min(int(b + 1) * block, mask.seqlen_k),
+            "fraction": round(float(frac[a, b]), 4),
+        }
+        for a, b in zip(i, j)
+    ]
     scale_q = alt.Scale(domain=[0, mask.seqlen_q], nice=False, reverse=True)
     scale_k = alt.Scale(domain=[0, mask.seqlen_k], nice=False)
     head = " (KV head 0)" if mask.per_head else ""
-    return alt.Chart(alt.Data(values=values)).mark_rect().encode(
-        x=alt.X("k:Q", scale=scale_k, title="key position"), x2="k2:Q",
-        y=alt.Y("q:Q", scale=scale_q, title="query position"), y2="q2:Q",
-        color=alt.Color("fraction:Q", scale=alt.Scale(domain=[0, 1], scheme="blues"), title="attended"),
-        tooltip=["q:Q", "k:Q", "fraction:Q"],
-    ).properties(width=size, height=size,
-                 title=title or f"{mask.name}{head}: S={mask.seqlen_q}, density {mask.density:.3f}")
+    return (
+        alt.Chart(alt.Data(values=values))
+        .mark_rect()
+        .encode(
+            x=alt.X("k:Q", scale=scale_k, title="key position"),
+            x2="k2:Q",
+            y=alt.Y("q:Q", scale=scale_q, title="query position"),
+            y2="q2:Q",
+            color=alt.Color("fraction:Q", scale=alt.Scale(domain=[0, 1], scheme="blues"), title="attended"),
+            tooltip=["q:Q", "k:Q", "fraction:Q"],
+        )
+        .properties(
+            width=size, height=size, title=title or f"{mask.name}{head}: S={mask.seqlen_q}, density {mask.density:.3f}"
+        )
+    )
 
 
 def draw(mask: Mask, out: str | Path, cells: int = 128, size: int = 320) -> Path:
@@ -60,8 +75,15 @@ def draw(mask: Mask, out: str | Path, cells: int = 128, size: int = 320) -> Path
     return out
 
 
-def gallery(out_dir: str | Path, seqlen: int = 4096, *, seed: int = 0, fmt: str = "svg", cells: int = 64,
-            params: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+def gallery(
+    out_dir: str | Path,
+    seqlen: int = 4096,
+    *,
+    seed: int = 0,
+    fmt: str = "svg",
+    cells: int = 64,
+    params: dict[str, dict[str, Any]] | None = None,
+) -> list[dict[str, Any]]:
     """One picture per pattern (all 14) plus index.json describing them; returns the index.
 
     `params` overrides per pattern (e.g. {"sliding_window": {"window": 256}}); by default
@@ -70,17 +92,31 @@ def gallery(out_dir: str | Path, seqlen: int = 4096, *, seed: int = 0, fmt: str 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     visible = max(1, seqlen // 16)
-    defaults = {"sliding_window": {"window": visible}, "causal_sliding_window": {"window": visible},
-                "block_causal_document": {"block": visible},
-                "block_sparse": {"block": max(1, seqlen // 32)},
-                "variable_block_sparse": {"min_block": max(1, seqlen // 64), "mean_block": max(1, seqlen // 16)}}
+    defaults = {
+        "sliding_window": {"window": visible},
+        "causal_sliding_window": {"window": visible},
+        "block_causal_document": {"block": visible},
+        "block_sparse": {"block": max(1, seqlen // 32)},
+        "variable_block_sparse": {"min_block": max(1, seqlen // 64), "mean_block": max(1, seqlen // 16)},
+    }
     index = []
     for name, pat in PATTERNS.items():
         p = (params or {}).get(name, defaults.get(name, {}))
         mask = build_mask(name, seqlen, p, seed=seed)
         path = draw(mask, out_dir / f"{name}.{fmt}", cells=cells, size=240)
-        index.append({"name": name, "family": pat.family, "description": pat.description, "file": path.name,
-                      "seqlen": seqlen, "seed": seed, "params": mask.params, "area": mask.area,
-                      "density": mask.density, "num_documents": mask.num_documents})
+        index.append(
+            {
+                "name": name,
+                "family": pat.family,
+                "description": pat.description,
+                "file": path.name,
+                "seqlen": seqlen,
+                "seed": seed,
+                "params": mask.params,
+                "area": mask.area,
+                "density": mask.density,
+                "num_documents": mask.num_documents,
+            }
+        )
     (out_dir / "index.json").write_text(json.dumps(index, indent=1, default=str))
     return index

@@ -20,7 +20,7 @@ up the kept flag of (head, query block, key block).
 from __future__ import annotations
 
 import heapq
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -89,8 +89,9 @@ def _block_areas(lin: np.ndarray, seqlen_q: int, seqlen_k: int, bq: int, bk: int
     return (np.minimum((bi + 1) * bq, seqlen_q) - bi * bq) * (np.minimum((bj + 1) * bk, seqlen_k) - bj * bk)
 
 
-def block_states(slices: np.ndarray, seqlen_q: int, seqlen_k: int, block_q: int = 128,
-                 block_k: int = 128) -> np.ndarray:
+def block_states(
+    slices: np.ndarray, seqlen_q: int, seqlen_k: int, block_q: int = 128, block_k: int = 128
+) -> np.ndarray:
     """int8 (n_q_blocks, n_k_blocks): EMPTY, PARTIAL or FULL, exact (ragged last blocks included)."""
     s = np.asarray(slices, dtype=np.int64).reshape(-1, 5)
     nq, nk = -(-seqlen_q // block_q), -(-seqlen_k // block_k)
@@ -159,14 +160,16 @@ def layout_block_counts(layout: BlockLayout, block_q: int = 128, block_k: int = 
 def layout_block_states(layout: BlockLayout, block_q: int = 128, block_k: int = 128) -> np.ndarray:
     """int8 (heads, n_q_blocks, n_k_blocks) states of a block-sparse layout on a (block_q, block_k) grid."""
     sq, sk = int(layout.q_bounds[-1]), int(layout.k_bounds[-1])
-    if (np.array_equal(layout.q_bounds, uniform_bounds(sq, block_q))
-            and np.array_equal(layout.k_bounds, uniform_bounds(sk, block_k))):
+    if np.array_equal(layout.q_bounds, uniform_bounds(sq, block_q)) and np.array_equal(
+        layout.k_bounds, uniform_bounds(sk, block_k)
+    ):
         # The grid is the layout's own: a kept block is a FULL grid block, the rest EMPTY (no counting).
         return np.where(layout.kept, np.int8(FULL), np.int8(EMPTY))
     count = layout_block_counts(layout, block_q, block_k)
     nq, nk = count.shape[1:]
-    area = (np.minimum(np.arange(1, nq + 1) * block_q, sq) - np.arange(nq) * block_q)[:, None] * \
-           (np.minimum(np.arange(1, nk + 1) * block_k, sk) - np.arange(nk) * block_k)[None, :]
+    area = (np.minimum(np.arange(1, nq + 1) * block_q, sq) - np.arange(nq) * block_q)[:, None] * (
+        np.minimum(np.arange(1, nk + 1) * block_k, sk) - np.arange(nk) * block_k
+    )[None, :]
     return np.where(count == area, FULL, np.where(count > 0, PARTIAL, EMPTY)).astype(np.int8)
 
 
@@ -241,8 +244,9 @@ def row_intervals(slices: np.ndarray, seqlen_q: int, pad_to: int = 1) -> tuple[n
 MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def mask_mod_from_slices(slices: np.ndarray, seqlen_q: int, seqlen_k: int, device: str | torch.device = "cpu",
-                         pad_to: int = 128) -> MaskMod:
+def mask_mod_from_slices(
+    slices: np.ndarray, seqlen_q: int, seqlen_k: int, device: str | torch.device = "cpu", pad_to: int = 128
+) -> MaskMod:
     """A FlexAttention mask_mod (b, h, q_idx, kv_idx) -> bool that evaluates the slices on-device.
 
     Memory: 2 x K x S int32 (K = most slices sharing a query row). Query indices up to seqlen_q
@@ -270,8 +274,9 @@ def mask_mod_from_slices(slices: np.ndarray, seqlen_q: int, seqlen_k: int, devic
     return _explicit(mask_mod, with_buffers, (*los, *his))
 
 
-def mask_mod_from_layout(layout: BlockLayout, device: str | torch.device = "cpu", heads_q: int | None = None,
-                         pad_to: int = 128) -> MaskMod:
+def mask_mod_from_layout(
+    layout: BlockLayout, device: str | torch.device = "cpu", heads_q: int | None = None, pad_to: int = 128
+) -> MaskMod:
     """mask_mod for a block-sparse layout: kept[h_kv, query block of q, key block of k].
 
     With heads_q, the h argument is a query head and maps to KV head h // (heads_q / heads_kv)."""
@@ -315,12 +320,18 @@ def mask_states(mask: Mask, block_size: int | tuple[int, int] = 128) -> np.ndarr
     bq, bk = (block_size, block_size) if isinstance(block_size, int) else block_size
     if mask.blocks is not None:
         return layout_block_states(mask.blocks, bq, bk)
-    return np.stack([block_states(mask.slices_of_head(h), mask.seqlen_q, mask.seqlen_k, bq, bk)
-                     for h in range(mask.heads)])
+    return np.stack(
+        [block_states(mask.slices_of_head(h), mask.seqlen_q, mask.seqlen_k, bq, bk) for h in range(mask.heads)]
+    )
 
 
-def to_block_mask(mask: Mask, block_size: int | tuple[int, int] = 128, device: str | torch.device = "cpu",
-                  heads_q: int | None = None, backward: bool = True):
+def to_block_mask(
+    mask: Mask,
+    block_size: int | tuple[int, int] = 128,
+    device: str | torch.device = "cpu",
+    heads_q: int | None = None,
+    backward: bool = True,
+):
     """The FlexAttention BlockMask of a mask: full blocks skip mask_mod, partial blocks call it.
 
     Shared masks get a heads dimension of 1 (broadcast). Per-head (block-sparse) masks get one
@@ -349,13 +360,24 @@ def to_block_mask(mask: Mask, block_size: int | tuple[int, int] = 128, device: s
         states = _transposed(states)  # (heads, key blocks, query blocks): the q-direction tensors
         q_num, q_idx = _index_tensors(states == PARTIAL, group, device)
         fq_num, fq_idx = _index_tensors(states == FULL, group, device)
-    return BlockMask(seq_lengths=(mask.seqlen_q, mask.seqlen_k), kv_num_blocks=kv_num, kv_indices=kv_idx,
-                     full_kv_num_blocks=fkv_num, full_kv_indices=fkv_idx, q_num_blocks=q_num, q_indices=q_idx,
-                     full_q_num_blocks=fq_num, full_q_indices=fq_idx, BLOCK_SIZE=(bq, bk), mask_mod=mod)
+    return BlockMask(
+        seq_lengths=(mask.seqlen_q, mask.seqlen_k),
+        kv_num_blocks=kv_num,
+        kv_indices=kv_idx,
+        full_kv_num_blocks=fkv_num,
+        full_kv_indices=fkv_idx,
+        q_num_blocks=q_num,
+        q_indices=q_idx,
+        full_q_num_blocks=fq_num,
+        full_q_indices=fq_idx,
+        BLOCK_SIZE=(bq, bk),
+        mask_mod=mod,
+    )
 
 
-def _index_tensors(grid: np.ndarray, group: int, device: str | torch.device,
-                   sort: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def _index_tensors(
+    grid: np.ndarray, group: int, device: str | torch.device, sort: bool | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Boolean (H, R, C) -> BlockMask count (1, H * group, R) and indices (1, H * group, R, C), int32
     on `device`, each head repeated `group` times (GQA: FlexAttention indexes by query head).
 
@@ -393,14 +415,16 @@ def block_mask_dense(block_mask, seqlen_q: int, seqlen_k: int, heads: int = 1) -
     k = torch.arange(seqlen_k)[None, :]
     for h in range(heads):
         hb = min(h, block_mask.kv_num_blocks.shape[1] - 1)
-        for kind, num, idx in (("full", block_mask.full_kv_num_blocks, block_mask.full_kv_indices),
-                               ("partial", block_mask.kv_num_blocks, block_mask.kv_indices)):
+        for kind, num, idx in (
+            ("full", block_mask.full_kv_num_blocks, block_mask.full_kv_indices),
+            ("partial", block_mask.kv_num_blocks, block_mask.kv_indices),
+        ):
             allowed = np.zeros((seqlen_q, seqlen_k), dtype=bool)
             n = num[0, hb].cpu().numpy()
             ix = idx[0, hb].cpu().numpy()
             for i in range(len(n)):
-                for j in ix[i, :n[i]]:
-                    allowed[i * bq:(i + 1) * bq, j * bk:(j + 1) * bk] = True
+                for j in ix[i, : n[i]]:
+                    allowed[i * bq : (i + 1) * bq, j * bk : (j + 1) * bk] = True
             if kind == "partial":
                 mm = block_mask.mask_mod(torch.zeros((), dtype=torch.int64), torch.tensor(h), q, k).cpu().numpy()
                 allowed &= mm
@@ -412,5 +436,9 @@ def mask_block_counts(mask: Mask, block_q: int, block_k: int) -> np.ndarray:
     """int64 (heads, n_q_blocks, n_k_blocks): exact attended pairs per block of any mask."""
     if mask.blocks is not None:
         return layout_block_counts(mask.blocks, block_q, block_k)
-    return np.stack([block_counts(mask.slices_of_head(h), mask.seqlen_q, mask.seqlen_k, block_q, block_k)
-                     for h in range(mask.heads)])
+    return np.stack(
+        [
+            block_counts(mask.slices_of_head(h), mask.seqlen_q, mask.seqlen_k, block_q, block_k)
+            for h in range(mask.heads)
+        ]
+    )

@@ -12,6 +12,8 @@ against the dense mask (tests/masks/test_forms.py).
 - varlen:       VarlenForm(cu_seqlens, causal, max_seqlen) over packed documents
 - blockmask:    a FlexAttention BlockMask (longca.masks.flex.to_block_mask)
 - block_sparse: the BlockLayout (kept blocks per KV head)
+- intervals:    int32 (nfunc, S) endpoints per query: its visible keys are [0,F0) U [F1,F2) U ...
+                (nfunc odd; cuDNN's interval-mask attention), from the slices' per-row key intervals
 """
 
 from __future__ import annotations
@@ -53,8 +55,10 @@ def window_form(mask: Mask) -> WindowForm:
         return WindowForm(-1, 0)
     if mask.name == "full":
         return WindowForm(-1, -1)
-    raise ValueError(f"mask {mask.name!r} has no window form; masks with one: "
-                     f"{sorted(n for n, p in PATTERNS.items() if 'window' in p.forms)}")
+    raise ValueError(
+        f"mask {mask.name!r} has no window form; masks with one: "
+        f"{sorted(n for n, p in PATTERNS.items() if 'window' in p.forms)}"
+    )
 
 
 def varlen_form(mask: Mask) -> VarlenForm:
@@ -64,14 +68,77 @@ def varlen_form(mask: Mask) -> VarlenForm:
     elif mask.name in ("causal", "causal_document"):
         causal = True
     else:
-        raise ValueError(f"mask {mask.name!r} has no varlen form; masks with one: "
-                         f"{sorted(n for n, p in PATTERNS.items() if 'varlen' in p.forms)}")
+        raise ValueError(
+            f"mask {mask.name!r} has no varlen form; masks with one: "
+            f"{sorted(n for n, p in PATTERNS.items() if 'varlen' in p.forms)}"
+        )
     cu = np.concatenate([[0], np.cumsum(docs)]).astype(np.int64)
     return VarlenForm(cu, causal, int(max(docs)))
 
 
-def convert(mask: Mask, form: str, *, device: Any = "cpu", block_size: int | tuple[int, int] = 128,
-            heads_q: int | None = None) -> Any:
+def interval_endpoints(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Per-query key intervals (K layers of lo, hi; disjoint within a row, empty where lo >= hi) as
+    cuDNN's endpoint rows: int32 (nfunc, rows), nfunc = 1 + 2 m for the most intervals m a row
+    needs beyond one starting at key 0. Adjacent intervals merge; unused pairs are empty, [x, x) at
+    the row's last endpoint, so every row's endpoints are non-decreasing."""
+    lo, hi = np.asarray(lo, dtype=np.int64), np.asarray(hi, dtype=np.int64)
+    big = np.iinfo(np.int64).max
+    empty = hi <= lo
+    lo, hi = np.where(empty, big, lo), np.where(empty, big, hi)
+    order = np.argsort(lo, axis=0, kind="stable")
+    lo, hi = np.take_along_axis(lo, order, 0), np.take_along_axis(hi, order, 0)
+    valid = lo < big
+    # a new interval starts where a row's next interval does not continue the previous one
+    starts = valid & np.concatenate([np.ones((1, lo.shape[1]), bool), lo[1:] != hi[:-1]], axis=0)
+    group = np.cumsum(starts, axis=0) - 1  # merged interval index of each layer, per row
+    n_groups = starts.sum(axis=0)
+    k, rows = lo.shape
+    m_lo = np.full((k, rows), big)
+    m_hi = np.full((k, rows), -1)
+    cols = np.broadcast_to(np.arange(rows), (k, rows))
+    m_lo[group[starts], cols[starts]] = lo[starts]
+    np.maximum.at(m_hi, (group[valid], cols[valid]), hi[valid])  # the end of each merged interval
+    first_at_zero = (n_groups > 0) & (m_lo[0] == 0)
+    f0 = np.where(first_at_zero, m_hi[0], 0)
+    extra = n_groups - first_at_zero  # intervals written as pairs after F0
+    pairs = int(extra.max()) if rows else 0
+    out = np.empty((1 + 2 * pairs, rows), dtype=np.int64)
+    out[0] = f0
+    last = f0.copy()
+    for p in range(pairs):
+        g = p + first_at_zero.astype(np.int64)  # merged interval written as pair p
+        used = p < extra
+        g_safe = np.minimum(g, k - 1)
+        a = np.where(used, m_lo[g_safe, np.arange(rows)], last)
+        b = np.where(used, m_hi[g_safe, np.arange(rows)], last)
+        out[1 + 2 * p], out[2 + 2 * p] = a, b
+        last = b
+    return out.astype(np.int32)
+
+
+def interval_form(mask: Mask) -> np.ndarray:
+    """The mask as cuDNN's interval endpoints over the whole sequence (BSHD): int32 (nfunc, Sq)."""
+    from longca.masks.flex import row_intervals
+
+    if mask.slices is None or mask.blocks is not None or mask.head_slices is not None:
+        raise ValueError(f"mask {mask.name!r} has no interval form (per-head and block-sparse masks have none)")
+    return interval_endpoints(*row_intervals(mask.slices, mask.seqlen_q))
+
+
+def document_interval_form(mask: Mask) -> tuple[VarlenForm, np.ndarray]:
+    """A document mask as cuDNN's variable-length form: the documents' offsets and each query's
+    endpoints relative to its own document's first token (THD: one sample per document)."""
+    from longca.masks.flex import row_intervals
+
+    docs = varlen_form(mask)
+    start = np.repeat(docs.cu_seqlens[:-1], np.diff(docs.cu_seqlens))
+    lo, hi = row_intervals(mask.slices, mask.seqlen_q)
+    return docs, interval_endpoints(lo - start, hi - start)
+
+
+def convert(
+    mask: Mask, form: str, *, device: Any = "cpu", block_size: int | tuple[int, int] = 128, heads_q: int | None = None
+) -> Any:
     """The mask in `form` (one of its pattern's declared forms)."""
     allowed = PATTERNS[mask.name].forms if mask.name in PATTERNS else frozenset()
     if form not in allowed:
@@ -86,6 +153,8 @@ def convert(mask: Mask, form: str, *, device: Any = "cpu", block_size: int | tup
         return window_form(mask)
     if form == "varlen":
         return varlen_form(mask)
+    if form == "intervals":
+        return interval_form(mask)
     if form == "blockmask":
         from longca.masks.flex import to_block_mask
 

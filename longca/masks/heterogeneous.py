@@ -43,10 +43,12 @@ def causal_blockwise(documents: Sequence[int]) -> np.ndarray:
 def global_sliding_window(seqlen: int, global_tokens: int, window: int) -> np.ndarray:
     """The first g tokens attend and are attended by everything; other pairs |q - k| <= w."""
     g = min(global_tokens, seqlen)
-    return sl.concat([
-        sl.make_slices([(0, g, 0, seqlen, sl.Kind.FULL), (g, seqlen, 0, g, sl.Kind.FULL)]),
-        sl.band_slices(g, seqlen, g, seqlen, -window, window),
-    ])
+    return sl.concat(
+        [
+            sl.make_slices([(0, g, 0, seqlen, sl.Kind.FULL), (g, seqlen, 0, g, sl.Kind.FULL)]),
+            sl.band_slices(g, seqlen, g, seqlen, -window, window),
+        ]
+    )
 
 
 def prefix_lm_causal(seqlen: int, prefix: int) -> np.ndarray:

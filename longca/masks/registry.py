@@ -11,8 +11,9 @@ back into Mask.params, which result rows record.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -115,7 +116,7 @@ class MaskPattern:
 
 PATTERNS: dict[str, MaskPattern] = {}
 
-GENERIC_FORMS = frozenset({"dense", "blockmask", "slices"})
+GENERIC_FORMS = frozenset({"dense", "blockmask", "slices", "intervals"})
 
 
 def register(pattern: MaskPattern) -> MaskPattern:
@@ -134,24 +135,50 @@ def _check_distribution_or_blocks(value: str) -> None:
         _check_distribution(value)
 
 
-DISTRIBUTION = Param("distribution", str, "auto",
-                     "document lengths: auto (by S, as the paper), uniform, pile, prolong-64k, "
-                     "prolong-512k or file:<path>", check=_check_distribution)
-LONG_FRACTION = Param("long_fraction", float, 0.0,
-                      "fraction of tokens in U[8K, 30K] documents (paper's distributed runs: 0.6)",
-                      minimum=0.0, maximum=1.0)
+DISTRIBUTION = Param(
+    "distribution",
+    str,
+    "auto",
+    "document lengths: auto (by S, as the paper), uniform, pile, prolong-64k, prolong-512k or file:<path>",
+    check=_check_distribution,
+)
+LONG_FRACTION = Param(
+    "long_fraction",
+    float,
+    0.0,
+    "fraction of tokens in U[8K, 30K] documents (paper's distributed runs: 0.6)",
+    minimum=0.0,
+    maximum=1.0,
+)
 DOC_PARAMS = (DISTRIBUTION, LONG_FRACTION)
 WINDOW = Param("window", int, 1024, "window w: |q - k| <= w (paper: 1024)", minimum=0)
-DENSITY = Param("density", float, 0.5, "fraction of key blocks kept per query block (paper: 0.2, 0.5, 0.8)",
-                minimum=1e-9, maximum=1.0)
-SCORE = Param("score", str, "random", "block scores: random (paper) or importance (mean-pooled q.k)",
-              choices=block_sparse.SCORE_SOURCES)
+DENSITY = Param(
+    "density",
+    float,
+    0.5,
+    "fraction of key blocks kept per query block (paper: 0.2, 0.5, 0.8)",
+    minimum=1e-9,
+    maximum=1.0,
+)
+SCORE = Param(
+    "score",
+    str,
+    "random",
+    "block scores: random (paper) or importance (mean-pooled q.k)",
+    choices=block_sparse.SCORE_SOURCES,
+)
 
 
 def _mk(ctx: BuildContext, name: str, slices: np.ndarray, documents=None, **extra) -> Mask:
     params = {**ctx.params, **extra}
-    return Mask(name=name, seqlen_q=ctx.seqlen, seqlen_k=ctx.seqlen, slices=slices, params=params,
-                documents=None if documents is None else tuple(int(d) for d in documents))
+    return Mask(
+        name=name,
+        seqlen_q=ctx.seqlen,
+        seqlen_k=ctx.seqlen,
+        slices=slices,
+        params=params,
+        documents=None if documents is None else tuple(int(d) for d in documents),
+    )
 
 
 def _documents(ctx: BuildContext) -> tuple[tuple[int, ...], str]:
@@ -160,41 +187,85 @@ def _documents(ctx: BuildContext) -> tuple[tuple[int, ...], str]:
     return docs, dist
 
 
-def _doc_pattern(name: str, family: str, slices_of: Callable[[tuple[int, ...]], np.ndarray], description: str,
-                 forms: frozenset[str] = GENERIC_FORMS) -> MaskPattern:
+def _doc_pattern(
+    name: str,
+    family: str,
+    slices_of: Callable[[tuple[int, ...]], np.ndarray],
+    description: str,
+    forms: frozenset[str] = GENERIC_FORMS,
+) -> MaskPattern:
     def build(ctx: BuildContext) -> Mask:
         docs, dist = _documents(ctx)
         return _mk(ctx, name, slices_of(docs), docs, distribution=dist)
 
-    return register(MaskPattern(name, family, build, forms, DOC_PARAMS, multi_document=True,
-                                default_samples=30, description=description))
+    return register(
+        MaskPattern(
+            name, family, build, forms, DOC_PARAMS, multi_document=True, default_samples=30, description=description
+        )
+    )
 
 
 # ---- regular (6) ---------------------------------------------------------------------------------
 
-register(MaskPattern("full", "regular", lambda c: _mk(c, "full", regular.full(c.seqlen, c.seqlen)),
-                     GENERIC_FORMS | {"full", "varlen", "window"}, description="every query attends every key"))
-register(MaskPattern("causal", "regular", lambda c: _mk(c, "causal", regular.causal(c.seqlen, c.seqlen)),
-                     GENERIC_FORMS | {"causal", "varlen", "window"}, description="k <= q"))
-_doc_pattern("full_document", "regular", regular.full_document, "block diagonal over documents",
-             GENERIC_FORMS | {"varlen"})
-_doc_pattern("causal_document", "regular", regular.causal_document, "same document and k <= q",
-             GENERIC_FORMS | {"varlen"})
-register(MaskPattern(
-    "sliding_window", "regular",
-    lambda c: _mk(c, "sliding_window", regular.sliding_window(c.seqlen, c.params["window"])),
-    GENERIC_FORMS | {"window"}, (WINDOW,), description="|q - k| <= w"))
-register(MaskPattern(
-    "causal_sliding_window", "regular",
-    lambda c: _mk(c, "causal_sliding_window", regular.causal_sliding_window(c.seqlen, c.params["window"])),
-    GENERIC_FORMS | {"window"}, (WINDOW,), description="0 <= q - k <= w"))
+register(
+    MaskPattern(
+        "full",
+        "regular",
+        lambda c: _mk(c, "full", regular.full(c.seqlen, c.seqlen)),
+        GENERIC_FORMS | {"full", "varlen", "window"},
+        description="every query attends every key",
+    )
+)
+register(
+    MaskPattern(
+        "causal",
+        "regular",
+        lambda c: _mk(c, "causal", regular.causal(c.seqlen, c.seqlen)),
+        GENERIC_FORMS | {"causal", "varlen", "window"},
+        description="k <= q",
+    )
+)
+_doc_pattern(
+    "full_document", "regular", regular.full_document, "block diagonal over documents", GENERIC_FORMS | {"varlen"}
+)
+_doc_pattern(
+    "causal_document", "regular", regular.causal_document, "same document and k <= q", GENERIC_FORMS | {"varlen"}
+)
+register(
+    MaskPattern(
+        "sliding_window",
+        "regular",
+        lambda c: _mk(c, "sliding_window", regular.sliding_window(c.seqlen, c.params["window"])),
+        GENERIC_FORMS | {"window"},
+        (WINDOW,),
+        description="|q - k| <= w",
+    )
+)
+register(
+    MaskPattern(
+        "causal_sliding_window",
+        "regular",
+        lambda c: _mk(c, "causal_sliding_window", regular.causal_sliding_window(c.seqlen, c.params["window"])),
+        GENERIC_FORMS | {"window"},
+        (WINDOW,),
+        description="0 <= q - k <= w",
+    )
+)
 
 # ---- heterogeneous (6) ---------------------------------------------------------------------------
 
-_doc_pattern("share_question", "heterogeneous", heterogeneous.share_question,
-             "document 0 is a question; later documents see it fully and themselves causally")
-_doc_pattern("causal_blockwise", "heterogeneous", heterogeneous.causal_blockwise,
-             "documents causal on themselves; the last sees every earlier token")
+_doc_pattern(
+    "share_question",
+    "heterogeneous",
+    heterogeneous.share_question,
+    "document 0 is a question; later documents see it fully and themselves causally",
+)
+_doc_pattern(
+    "causal_blockwise",
+    "heterogeneous",
+    heterogeneous.causal_blockwise,
+    "documents causal on themselves; the last sees every earlier token",
+)
 
 
 def _global_sliding_window(ctx: BuildContext) -> Mask:
@@ -202,15 +273,25 @@ def _global_sliding_window(ctx: BuildContext) -> Mask:
     if g is None:  # paper: one value from U{1, S/3 - 1}, used for both g and w
         g = int(ctx.rng("global_tokens").integers(1, max(1, ctx.seqlen // 3 - 1) + 1))
     w = ctx.params["window"] if ctx.params["window"] is not None else g
-    return _mk(ctx, "global_sliding_window", heterogeneous.global_sliding_window(ctx.seqlen, g, w),
-               global_tokens=g, window=w)
+    return _mk(
+        ctx, "global_sliding_window", heterogeneous.global_sliding_window(ctx.seqlen, g, w), global_tokens=g, window=w
+    )
 
 
-register(MaskPattern(
-    "global_sliding_window", "heterogeneous", _global_sliding_window, GENERIC_FORMS,
-    (Param("global_tokens", int, None, "global tokens g (default: drawn from U{1, S/3 - 1})", minimum=0),
-     Param("window", int, None, "window w (default: equal to g, as the paper)", minimum=0)),
-    default_samples=2, description="g global tokens plus |q - k| <= w"))
+register(
+    MaskPattern(
+        "global_sliding_window",
+        "heterogeneous",
+        _global_sliding_window,
+        GENERIC_FORMS,
+        (
+            Param("global_tokens", int, None, "global tokens g (default: drawn from U{1, S/3 - 1})", minimum=0),
+            Param("window", int, None, "window w (default: equal to g, as the paper)", minimum=0),
+        ),
+        default_samples=2,
+        description="g global tokens plus |q - k| <= w",
+    )
+)
 
 
 def _prefix_lm_causal(ctx: BuildContext) -> Mask:
@@ -220,10 +301,17 @@ def _prefix_lm_causal(ctx: BuildContext) -> Mask:
     return _mk(ctx, "prefix_lm_causal", heterogeneous.prefix_lm_causal(ctx.seqlen, p), prefix=p)
 
 
-register(MaskPattern(
-    "prefix_lm_causal", "heterogeneous", _prefix_lm_causal, GENERIC_FORMS,
-    (Param("prefix", int, None, "prefix length p (default: drawn from U{1, S})", minimum=0),),
-    default_samples=2, description="full over [0, p), causal after"))
+register(
+    MaskPattern(
+        "prefix_lm_causal",
+        "heterogeneous",
+        _prefix_lm_causal,
+        GENERIC_FORMS,
+        (Param("prefix", int, None, "prefix length p (default: drawn from U{1, S})", minimum=0),),
+        default_samples=2,
+        description="full over [0, p), causal after",
+    )
+)
 
 
 def _prefix_lm_document(ctx: BuildContext) -> Mask:
@@ -231,15 +319,24 @@ def _prefix_lm_document(ctx: BuildContext) -> Mask:
     p = ctx.params["prefix"]
     if p is None:  # paper: U{1, len(doc 0)}, shared by every document
         p = int(ctx.rng("prefix").integers(1, docs[0] + 1))
-    return _mk(ctx, "prefix_lm_document", heterogeneous.prefix_lm_document(docs, p), docs,
-               distribution=dist, prefix=p)
+    return _mk(ctx, "prefix_lm_document", heterogeneous.prefix_lm_document(docs, p), docs, distribution=dist, prefix=p)
 
 
-register(MaskPattern(
-    "prefix_lm_document", "heterogeneous", _prefix_lm_document, GENERIC_FORMS,
-    (*DOC_PARAMS, Param("prefix", int, None, "prefix p per document (default: drawn from U{1, len(doc 0)})",
-                        minimum=0)),
-    multi_document=True, default_samples=30, description="per document: full prefix, causal rest"))
+register(
+    MaskPattern(
+        "prefix_lm_document",
+        "heterogeneous",
+        _prefix_lm_document,
+        GENERIC_FORMS,
+        (
+            *DOC_PARAMS,
+            Param("prefix", int, None, "prefix p per document (default: drawn from U{1, len(doc 0)})", minimum=0),
+        ),
+        multi_document=True,
+        default_samples=30,
+        description="per document: full prefix, causal rest",
+    )
+)
 
 
 def _block_causal_document(ctx: BuildContext) -> Mask:
@@ -255,32 +352,64 @@ def _block_causal_document(ctx: BuildContext) -> Mask:
         docs, dist = tuple(docs_list), "blocks"
     else:
         docs, dist = _documents(ctx)
-    return _mk(ctx, "block_causal_document", heterogeneous.block_causal_document(docs, block), docs,
-               distribution=dist)
+    return _mk(ctx, "block_causal_document", heterogeneous.block_causal_document(docs, block), docs, distribution=dist)
 
 
-register(MaskPattern(
-    "block_causal_document", "heterogeneous", _block_causal_document, GENERIC_FORMS,
-    (Param("block", int, 1024, "block size B in tokens (paper: 1024)", minimum=1),
-     Param("distribution", str, "blocks",
-           "document lengths: blocks (paper: U{1..max_blocks} blocks of B) or any document distribution",
-           check=_check_distribution_or_blocks),
-     Param("max_blocks", int, 8, "most blocks per document when distribution=blocks (paper: 8)", minimum=1),
-     LONG_FRACTION),
-    multi_document=True, default_samples=30, description="per document, blocks of B see blocks 0..i"))
+register(
+    MaskPattern(
+        "block_causal_document",
+        "heterogeneous",
+        _block_causal_document,
+        GENERIC_FORMS,
+        (
+            Param("block", int, 1024, "block size B in tokens (paper: 1024)", minimum=1),
+            Param(
+                "distribution",
+                str,
+                "blocks",
+                "document lengths: blocks (paper: U{1..max_blocks} blocks of B) or any document distribution",
+                check=_check_distribution_or_blocks,
+            ),
+            Param("max_blocks", int, 8, "most blocks per document when distribution=blocks (paper: 8)", minimum=1),
+            LONG_FRACTION,
+        ),
+        multi_document=True,
+        default_samples=30,
+        description="per document, blocks of B see blocks 0..i",
+    )
+)
 
 # ---- dynamic block-sparse (2) --------------------------------------------------------------------
 
 
 def _block_mask(ctx: BuildContext, name: str, q_bounds, k_bounds, uniform_block, **extra) -> Mask:
-    lay = block_sparse.layout(ctx.seqlen, q_bounds, k_bounds, density=ctx.params["density"],
-                              score=ctx.params["score"], heads_kv=ctx.heads_kv, rng=ctx.rng("scores"),
-                              inputs=ctx.inputs, uniform_block=uniform_block)
+    lay = block_sparse.layout(
+        ctx.seqlen,
+        q_bounds,
+        k_bounds,
+        density=ctx.params["density"],
+        score=ctx.params["score"],
+        heads_kv=ctx.heads_kv,
+        rng=ctx.rng("scores"),
+        inputs=ctx.inputs,
+        uniform_block=uniform_block,
+    )
     keep = block_sparse.keep_count(ctx.params["density"], len(k_bounds) - 1)
-    params = {**ctx.params, **extra, "heads_kv": ctx.heads_kv, "kept_per_query_block": keep,
-              "kept_fraction": keep / (len(k_bounds) - 1)}
-    return Mask(name=name, seqlen_q=ctx.seqlen, seqlen_k=ctx.seqlen, slices=np.zeros((0, 5), dtype=np.int64),
-                params=params, blocks=lay)
+    params = {
+        **ctx.params,
+        **extra,
+        "heads_kv": ctx.heads_kv,
+        "kept_per_query_block": keep,
+        "kept_fraction": keep / (len(k_bounds) - 1),
+    }
+    return Mask(
+        name=name,
+        seqlen_q=ctx.seqlen,
+        seqlen_k=ctx.seqlen,
+        slices=np.zeros((0, 5), dtype=np.int64),
+        params=params,
+        blocks=lay,
+    )
 
 
 def _block_sparse(ctx: BuildContext) -> Mask:
@@ -298,15 +427,33 @@ def _variable_block_sparse(ctx: BuildContext) -> Mask:
 
 
 SPARSE_FORMS = frozenset({"dense", "blockmask", "block_sparse"})
-register(MaskPattern(
-    "block_sparse", "dynamic", _block_sparse, SPARSE_FORMS,
-    (Param("block", int, 128, "block size b (paper: 64, 128)", minimum=1), DENSITY, SCORE),
-    default_samples=2, description="b x b blocks, top-k key blocks per query block and KV head"))
-register(MaskPattern(
-    "variable_block_sparse", "dynamic", _variable_block_sparse, SPARSE_FORMS,
-    (Param("min_block", int, 128, "smallest block (paper: 128)", minimum=1),
-     Param("mean_block", int, 512, "mean block size (paper: 128 to 1024)", minimum=1), DENSITY, SCORE),
-    default_samples=2, description="blocks of varying sizes, top-k per query block and KV head"))
+register(
+    MaskPattern(
+        "block_sparse",
+        "dynamic",
+        _block_sparse,
+        SPARSE_FORMS,
+        (Param("block", int, 128, "block size b (paper: 64, 128)", minimum=1), DENSITY, SCORE),
+        default_samples=2,
+        description="b x b blocks, top-k key blocks per query block and KV head",
+    )
+)
+register(
+    MaskPattern(
+        "variable_block_sparse",
+        "dynamic",
+        _variable_block_sparse,
+        SPARSE_FORMS,
+        (
+            Param("min_block", int, 128, "smallest block (paper: 128)", minimum=1),
+            Param("mean_block", int, 512, "mean block size (paper: 128 to 1024)", minimum=1),
+            DENSITY,
+            SCORE,
+        ),
+        default_samples=2,
+        description="blocks of varying sizes, top-k per query block and KV head",
+    )
+)
 
 STATIC = tuple(n for n, p in PATTERNS.items() if p.family != "dynamic")
 
@@ -324,8 +471,16 @@ def resolve_params(name: str, params: dict[str, Any] | None) -> dict[str, Any]:
     return {p.name: p.coerce(name, params.get(p.name, p.default)) for p in pat.params}
 
 
-def build_mask(name: str, seqlen: int, params: dict[str, Any] | None = None, *, seed: int = 0, sample: int = 0,
-               inputs: tuple[Any, Any] | None = None, heads_kv: int | None = None) -> Mask:
+def build_mask(
+    name: str,
+    seqlen: int,
+    params: dict[str, Any] | None = None,
+    *,
+    seed: int = 0,
+    sample: int = 0,
+    inputs: tuple[Any, Any] | None = None,
+    heads_kv: int | None = None,
+) -> Mask:
     """Build one sample of a mask. The same (name, seqlen, params, seed, sample) gives the same mask.
 
     `inputs=(q, k)` (bshd torch tensors) are needed only by importance-scored block sparsity;

@@ -19,8 +19,18 @@ from typing import Any
 import torch
 
 # Packages whose versions matter to attention results.
-PACKAGES = ("torch", "triton", "flash-attn", "flash-attn-4", "flash_attn_3", "flash-linear-attention",
-            "nvidia-cutlass-dsl", "numpy", "snakemake", "longca")
+PACKAGES = (
+    "torch",
+    "triton",
+    "flash-attn",
+    "flash-attn-4",
+    "flash_attn_3",
+    "flash-linear-attention",
+    "nvidia-cutlass-dsl",
+    "numpy",
+    "snakemake",
+    "longca",
+)
 
 
 def _version(dist: str) -> str | None:
@@ -38,8 +48,12 @@ def git_commit() -> str | None:
     try:
         out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
         if out.returncode == 0:
-            dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                                   capture_output=True, text=True, timeout=10).stdout.strip()
+            dirty = subprocess.run(
+                ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            ).stdout.strip()
             return out.stdout.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         pass
@@ -55,14 +69,18 @@ def _driver() -> str | None:
     except Exception:
         pass
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
         return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
     except (OSError, subprocess.SubprocessError, IndexError):
         return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def environment(device_type: str) -> dict[str, Any]:
     """Row columns describing where a number was measured."""
     facts: dict[str, Any] = {
@@ -77,23 +95,32 @@ def environment(device_type: str) -> dict[str, Any]:
     if device_type == "cuda" and torch.cuda.is_available():
         idx = torch.cuda.current_device()
         cc = torch.cuda.get_device_capability(idx)
-        facts.update({
-            "device_name": torch.cuda.get_device_name(idx),
-            "device_count": torch.cuda.device_count(),
-            "compute_capability": f"{cc[0]}.{cc[1]}",
-            "driver": _driver(),
-            "cuda": torch.version.cuda,
-            "cudnn": str(torch.backends.cudnn.version()) if torch.backends.cudnn.is_available() else None,
-        })
+        facts.update(
+            {
+                "device_name": torch.cuda.get_device_name(idx),
+                "device_count": torch.cuda.device_count(),
+                "compute_capability": f"{cc[0]}.{cc[1]}",
+                "driver": _driver(),
+                "cuda": torch.version.cuda,
+                "cudnn": str(torch.backends.cudnn.version()) if torch.backends.cudnn.is_available() else None,
+            }
+        )
     else:
-        facts.update({"device_name": f"cpu: {platform.processor() or platform.machine()}",
-                      "device_count": os.cpu_count(), "compute_capability": None, "driver": None,
-                      "cuda": None, "cudnn": None})
+        facts.update(
+            {
+                "device_name": f"cpu: {platform.processor() or platform.machine()}",
+                "device_count": os.cpu_count(),
+                "compute_capability": None,
+                "driver": None,
+                "cuda": None,
+                "cudnn": None,
+            }
+        )
     facts["env_id"] = hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return facts
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _nvml_handle(index: int):
     """NVML initialised once per process (nvmlInit costs tens of milliseconds per call)."""
     import pynvml

@@ -25,8 +25,14 @@ def dense_mask_tensor(mask: Mask, device: torch.device) -> torch.Tensor:
     return sl.to_dense_tensor(mask.slices, mask.seqlen_q, mask.seqlen_k, device).unsqueeze(0)
 
 
-def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dense: torch.Tensor,
-                        scale: float | None = None, q_chunk: int = 1024) -> torch.Tensor:
+def reference_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dense: torch.Tensor,
+    scale: float | None = None,
+    q_chunk: int = 1024,
+) -> torch.Tensor:
     """Masked softmax attention in the inputs' dtype (use float32/float64 inputs), layout bshd.
 
     q: (B, Sq, Hq, D); k, v: (B, Sk, Hkv, D); dense: (1 | Hkv, Sq, Sk) bool. GQA: query head h uses
@@ -44,8 +50,8 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dense
         dense = dense.repeat_interleave(group, dim=0)
     outs = []
     for s in range(0, sq, q_chunk):
-        scores = torch.matmul(qh[:, :, s:s + q_chunk], kh.transpose(-1, -2)) * scale
-        allowed = dense[:, s:s + q_chunk].unsqueeze(0)
+        scores = torch.matmul(qh[:, :, s : s + q_chunk], kh.transpose(-1, -2)) * scale
+        allowed = dense[:, s : s + q_chunk].unsqueeze(0)
         scores = scores.masked_fill(~allowed, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         probs = torch.nan_to_num(probs, nan=0.0)  # fully-masked rows

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from typing import Hashable
+from collections.abc import Hashable
 
 import torch
 

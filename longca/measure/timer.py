@@ -12,8 +12,8 @@ Adapters need no warm-up calls of their own (at 256K one FlexAttention call take
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 import torch
@@ -52,8 +52,15 @@ class Timing:
 
 def time_under(timer, fn: Callable[[], object], repeat: dict, before: Callable[[], None] | None = None) -> Timing:
     """`fn` timed by `timer` under a sweep's repeat protocol (the keys of a spec's `repeat`)."""
-    return timer.time(fn, warmup=repeat["warmup"], iters=repeat["iters"], min_iters=repeat.get("min_iters", 1),
-                      budget_s=repeat["budget_s"], warmup_s=repeat.get("warmup_s"), before=before)
+    return timer.time(
+        fn,
+        warmup=repeat["warmup"],
+        iters=repeat["iters"],
+        min_iters=repeat.get("min_iters", 1),
+        budget_s=repeat["budget_s"],
+        warmup_s=repeat.get("warmup_s"),
+        before=before,
+    )
 
 
 def _plan_iters(first_ms: float, iters: int, min_iters: int, budget_s: float) -> int:
@@ -87,9 +94,17 @@ class Timer:
         decisions that end a loop must be the same on every rank, or the next collective hangs."""
         return value
 
-    def time(self, fn: Callable[[], object], *, warmup: int, iters: int, min_iters: int = 1,
-             budget_s: float = 10.0, before: Callable[[], None] | None = None,
-             warmup_s: float | None = None) -> Timing:
+    def time(
+        self,
+        fn: Callable[[], object],
+        *,
+        warmup: int,
+        iters: int,
+        min_iters: int = 1,
+        budget_s: float = 10.0,
+        before: Callable[[], None] | None = None,
+        warmup_s: float | None = None,
+    ) -> Timing:
         """`warmup` iterations at most; with `warmup_s`, stop once one ran and they took >= warmup_s."""
         if warmup_s is not None and not warmup_s > 0:
             raise ValueError(f"warmup_s must be positive, got {warmup_s!r}")
@@ -123,8 +138,17 @@ class Timer:
             handles.append(self._start_one(fn))
         samples = [first] + [self._elapsed_ms(h) for h in handles]  # the last read waits for the device
         compile_s = max(first_wall - steady_wall, 0.0) if first_wall is not None else 0.0
-        return Timing(samples, warmed, len(samples), self.name, self.l2_flush, kernel_s=sum(samples) / 1000.0,
-                      compile_s=compile_s, warmup_wall_s=warmup_wall, wall_s=time.perf_counter() - t_start)
+        return Timing(
+            samples,
+            warmed,
+            len(samples),
+            self.name,
+            self.l2_flush,
+            kernel_s=sum(samples) / 1000.0,
+            compile_s=compile_s,
+            warmup_wall_s=warmup_wall,
+            wall_s=time.perf_counter() - t_start,
+        )
 
 
 class CpuTimer(Timer):

@@ -161,6 +161,10 @@ def write(out: Path) -> dict[str, str]:
     d.mkdir(parents=True, exist_ok=True)
     (d / "report.js").write_text(EMBED_JS, encoding="utf-8")
     (d / "style.css").write_text(CSS, encoding="utf-8")
-    return {"vega": vl_convert.get_vega_version(), "vega-lite": vl_version(),
-            "vega-embed": vl_convert.get_vega_embed_version(), "altair": alt.__version__,
-            "vl-convert": vl_convert.__version__}
+    return {
+        "vega": vl_convert.get_vega_version(),
+        "vega-lite": vl_version(),
+        "vega-embed": vl_convert.get_vega_embed_version(),
+        "altair": alt.__version__,
+        "vl-convert": vl_convert.__version__,
+    }

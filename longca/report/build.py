@@ -24,8 +24,22 @@ from longca.report.charts import ChartSpec
 from longca.report.pages import Page, Table
 from longca.store.write import PUBLISHED_ZSTD_LEVEL, write_table
 
-_NON_OK_COLS = ["status", "reason", "kernel", "mask", "pass", "seqlen_q", "batch", "shape", "world_size",
-                "cp_mechanism", "rows", "machine", "run_id", "cell_id"]
+_NON_OK_COLS = [
+    "status",
+    "reason",
+    "kernel",
+    "mask",
+    "pass",
+    "seqlen_q",
+    "batch",
+    "shape",
+    "world_size",
+    "cp_mechanism",
+    "rows",
+    "machine",
+    "run_id",
+    "cell_id",
+]
 
 
 @dataclass
@@ -78,33 +92,53 @@ def _fraction_summary(frac: pl.DataFrame) -> tuple[pl.DataFrame, list[str], list
     """One line per (mask, pass, shape, machine): min, median and max fraction over lengths, the number
     of lengths, and the best kernels with the number of lengths each won ("fa4 10, flex 1")."""
     keys = ["mask", "pass", "shape", "machine"]
-    wins = (frac.group_by(*keys, "kernel").agg(n=pl.len())
-            .sort([*keys, "n", "kernel"], descending=[False] * len(keys) + [True, False])
-            .group_by(keys, maintain_order=True)
-            .agg(pl.concat_str([pl.col("kernel"), pl.col("n").cast(pl.String)], separator=" ")
-                 .str.join(", ").alias("best kernel (lengths won)")))
-    summary = (frac.group_by(keys).agg(
-        pl.col("fraction").min().alias("min fraction"), pl.col("fraction").median().alias("median fraction"),
-        pl.col("fraction").max().alias("max fraction"), pl.col("seqlen_q").n_unique().alias("lengths"))
-        .join(wins, on=keys, how="left").sort(keys))
+    wins = (
+        frac.group_by(*keys, "kernel")
+        .agg(n=pl.len())
+        .sort([*keys, "n", "kernel"], descending=[False] * len(keys) + [True, False])
+        .group_by(keys, maintain_order=True)
+        .agg(
+            pl.concat_str([pl.col("kernel"), pl.col("n").cast(pl.String)], separator=" ")
+            .str.join(", ")
+            .alias("best kernel (lengths won)")
+        )
+    )
+    summary = (
+        frac.group_by(keys)
+        .agg(
+            pl.col("fraction").min().alias("min fraction"),
+            pl.col("fraction").median().alias("median fraction"),
+            pl.col("fraction").max().alias("max fraction"),
+            pl.col("seqlen_q").n_unique().alias("lengths"),
+        )
+        .join(wins, on=keys, how="left")
+        .sort(keys)
+    )
     numeric = ["min fraction", "median fraction", "max fraction", "lengths"]
     return summary, summary.columns, numeric
 
 
-def _overview(c: pl.DataFrame, rows: pl.DataFrame, spec_name: str,
-              stale: pl.DataFrame | None = None) -> tuple[Page, list[ChartSpec]]:
+def _overview(
+    c: pl.DataFrame, rows: pl.DataFrame, spec_name: str, stale: pl.DataFrame | None = None
+) -> tuple[Page, list[ChartSpec]]:
     page = Page("index.html", "Overview", f"Overview: {spec_name}")
     best = queries.best_kernel(c)
     frac = queries.fraction_of_full(best, c)
     matrix = queries.support_matrix(c)
     status_counts = rows.group_by("status").len().sort("status")
-    page.p(f"{rows.height} result rows, {c.height} cells; statuses: "
-           + ", ".join(f"{s} {n}" for s, n in status_counts.iter_rows()) + ". Only ok cells are drawn; every other "
-           "cell is listed with its reason on the Status page.")
+    page.p(
+        f"{rows.height} result rows, {c.height} cells; statuses: "
+        + ", ".join(f"{s} {n}" for s, n in status_counts.iter_rows())
+        + ". Only ok cells are drawn; every other "
+        "cell is listed with its reason on the Status page."
+    )
     if stale is not None and stale.height:
-        page.p(", ".join(f"{n} cells of sweep {sw}" for sw, n in stale.select("sweep", "cells").iter_rows())
-               + f" come from an earlier version of {stale.get_column('spec_file')[0]}, measured before it changed "
-               "how they are measured; they are drawn until measured again (Status page).", "note")
+        page.p(
+            ", ".join(f"{n} cells of sweep {sw}" for sw, n in stale.select("sweep", "cells").iter_rows())
+            + f" come from an earlier version of {stale.get_column('spec_file')[0]}, measured before it changed "
+            "how they are measured; they are drawn until measured again (Status page).",
+            "note",
+        )
     page.h2("Kernel × mask support (measured)")
     page.chart(charts.support_chart(matrix), "No single-device cells.")
     if matrix.height:
@@ -114,8 +148,10 @@ def _overview(c: pl.DataFrame, rows: pl.DataFrame, spec_name: str,
     page.h2("Mask efficiency")
     page.chart(charts.fraction_chart(frac), "No mask has ok cells at lengths where the full mask also has them.")
     if frac.height:
-        page.p("Per mask, pass and shape: the spread of that fraction over lengths, and which kernel was the "
-               "best at how many of them (the kernel that loses least on that mask).")
+        page.p(
+            "Per mask, pass and shape: the spread of that fraction over lengths, and which kernel was the "
+            "best at how many of them (the kernel that loses least on that mask)."
+        )
         page.table(_table(*_fraction_summary(frac)))
     return page, page.charts()
 
@@ -130,13 +166,19 @@ def _mask_pages(c: pl.DataFrame, peer: pl.DataFrame) -> list[Page]:
         shown = peer.filter(pl.col("mask") == mask) if on_gpu else peer.clear()
         page.chart(charts.mask_metric(mask, ok, "tflops", shown), f"No ok cells on mask {mask}: see the Status page.")
         if not on_gpu and peer.filter(pl.col("mask") == mask).height:
-            page.p("Published figures for this mask are GPU figures; they are not drawn over rows measured "
-                   "without a GPU (see Published figures).", "note")
+            page.p(
+                "Published figures for this mask are GPU figures; they are not drawn over rows measured "
+                "without a GPU (see Published figures).",
+                "note",
+            )
         page.chart(charts.mask_metric(mask, ok, "peak_mem_gib", peer.clear()), "No memory figures on this mask.")
         n_study = studied.filter(pl.col("mask") == mask).height
         if n_study:
-            page.p(f"{n_study} ok cells on this mask at another head dim or dtype, measured at one length, are "
-                   "drawn on the Head dim & dtype page beside the same kernels' other shapes.", "note")
+            page.p(
+                f"{n_study} ok cells on this mask at another head dim or dtype, measured at one length, are "
+                "drawn on the Head dim & dtype page beside the same kernels' other shapes.",
+                "note",
+            )
         n_bad = c.filter((pl.col("mask") == mask) & ~pl.col("all_ok") & (pl.col("world_size") == 1)).height
         if n_bad:
             page.p(f"{n_bad} cells on this mask are not ok and are not drawn: see the Status page.", "note")
@@ -154,161 +196,292 @@ def _family_pages(c: pl.DataFrame, peer: pl.DataFrame, local: pl.DataFrame | Non
     p_sparse.chart(charts.sparse_chart(sparse, sp, "seqlen_q"), "No ok block-sparse cells.")
     vs = queries.sparse_vs_dense(c)
     if vs.height:
-        p_sparse.p(f"Each block-sparse cell against dense {queries.DENSE_REFERENCE_KERNEL} on the full mask at the "
-                   "same length, heads, head dim, dtype and pass on the same GPU model (measured in another cell, "
-                   "usually another process). ratio = sparse TFLOP/s (exact kept area) / dense TFLOP/s: the share "
-                   "of the dense rate kept; speedup = dense time / sparse time, at most 1 / density for a kernel "
-                   "that keeps the dense rate.")
-        p_sparse.table(_table(vs.with_columns(heads=pl.format("{}:{}", "heads_q", "heads_kv"),
-                                              density=pl.col("density").round(3)),
-                              ["kernel", "mask", "block_size", "density", "heads", "seqlen_q", "pass", "tflops",
-                               "dense_tflops", "ratio", "speedup", "backend", "device_name"],
-                              numeric=["block_size", "density", "seqlen_q", "tflops", "dense_tflops", "ratio",
-                                       "speedup"]))
+        p_sparse.p(
+            f"Each block-sparse cell against dense {queries.DENSE_REFERENCE_KERNEL} on the full mask at the "
+            "same length, heads, head dim, dtype and pass on the same GPU model (measured in another cell, "
+            "usually another process). ratio = sparse TFLOP/s (exact kept area) / dense TFLOP/s: the share "
+            "of the dense rate kept; speedup = dense time / sparse time, at most 1 / density for a kernel "
+            "that keeps the dense rate."
+        )
+        p_sparse.table(
+            _table(
+                vs.with_columns(heads=pl.format("{}:{}", "heads_q", "heads_kv"), density=pl.col("density").round(3)),
+                [
+                    "kernel",
+                    "mask",
+                    "block_size",
+                    "density",
+                    "heads",
+                    "seqlen_q",
+                    "pass",
+                    "tflops",
+                    "dense_tflops",
+                    "ratio",
+                    "speedup",
+                    "backend",
+                    "device_name",
+                ],
+                numeric=["block_size", "density", "seqlen_q", "tflops", "dense_tflops", "ratio", "speedup"],
+            )
+        )
     side, kernels = queries.sparse_side_by_side(c)
     if side.height:
-        p_sparse.p("Every block-sparse cell kernel by kernel: the same mask draw, length, heads and pass on one "
-                   "line, each kernel's TFLOP/s (exact kept area) where its cell is ok, otherwise its status "
-                   "(the reason is on the Status page); best = the fastest ok kernel.")
-        p_sparse.table(_table(side.with_columns(heads=pl.format("{}:{}", "heads_q", "heads_kv"),
-                                                density=pl.col("density").round(3)),
-                              ["mask", "block_size", "density", "heads", "head_dim", "dtype", "seqlen_q", "pass",
-                               *kernels, "best", "machine"],
-                              numeric=["block_size", "density", "seqlen_q", *kernels]))
+        p_sparse.p(
+            "Every block-sparse cell kernel by kernel: the same mask draw, length, heads and pass on one "
+            "line, each kernel's TFLOP/s (exact kept area) where its cell is ok, otherwise its status "
+            "(the reason is on the Status page); best = the fastest ok kernel."
+        )
+        p_sparse.table(
+            _table(
+                side.with_columns(heads=pl.format("{}:{}", "heads_q", "heads_kv"), density=pl.col("density").round(3)),
+                [
+                    "mask",
+                    "block_size",
+                    "density",
+                    "heads",
+                    "head_dim",
+                    "dtype",
+                    "seqlen_q",
+                    "pass",
+                    *kernels,
+                    "best",
+                    "machine",
+                ],
+                numeric=["block_size", "density", "seqlen_q", *kernels],
+            )
+        )
     p_cp = Page("cp.html", "CP", "Context parallelism")
     cpp = peers.for_cp(peer) if cp.filter(pl.col("device") == "cuda").height else peer.clear()
-    for kind, missing in (("world", "No ok multi-GPU cells."), ("length", "No ok multi-GPU cells."),
-                          ("comm", "No cell recorded exposed communication."),
-                          ("imbalance", "No cell recorded per-rank times or areas.")):
+    for kind, missing in (
+        ("world", "No ok multi-GPU cells."),
+        ("length", "No ok multi-GPU cells."),
+        ("comm", "No cell recorded exposed communication."),
+        ("imbalance", "No cell recorded per-rank times or areas."),
+    ):
         p_cp.chart(charts.cp_chart(cp, cpp, kind), missing)
     vs = queries.cp_vs_single(c)
     if vs.height:
-        p_cp.p("Per-GPU throughput against the same kernel on one GPU with the same per-rank work "
-               "(global length / world size tokens, same mask, heads and pass): ratio 1 is perfect scaling. "
-               "For full and causal the single-GPU problem is exactly one rank's share; for the other masks "
-               "the single-GPU cell is that mask at the shorter length (its own documents or prefix), the "
-               "same kind of work rather than the same pairs, so a ratio above 1 can occur.")
-        p_cp.table(_table(vs.with_columns(heads=pl.format("{}:{}", "heads_q", "heads_kv")),
-                          ["mask", "heads", "pass", "tokens_per_gpu", "world_size", "cp_mechanism", "cp_balance",
-                           "kernel", "tflops", "single_tflops", "ratio", "device_name"],
-                          numeric=["tokens_per_gpu", "world_size", "tflops", "single_tflops", "ratio"]))
+        p_cp.p(
+            "Per-GPU throughput against the same kernel on one GPU with the same per-rank work "
+            "(global length / world size tokens, same mask, heads and pass): ratio 1 is perfect scaling. "
+            "For full and causal the single-GPU problem is exactly one rank's share; for the other masks "
+            "the single-GPU cell is that mask at the shorter length (its own documents or prefix), the "
+            "same kind of work rather than the same pairs, so a ratio above 1 can occur."
+        )
+        p_cp.table(
+            _table(
+                vs.with_columns(heads=pl.format("{}:{}", "heads_q", "heads_kv")),
+                [
+                    "mask",
+                    "heads",
+                    "pass",
+                    "tokens_per_gpu",
+                    "world_size",
+                    "cp_mechanism",
+                    "cp_balance",
+                    "kernel",
+                    "tflops",
+                    "single_tflops",
+                    "ratio",
+                    "device_name",
+                ],
+                numeric=["tokens_per_gpu", "world_size", "tflops", "single_tflops", "ratio"],
+            )
+        )
     if local is not None and local.height:
         p_cp.h2("One rank's local work on one GPU")
-        p_cp.p("Each rank of a CP run played in turn on one GPU (benchmarks/cp_rank_local.py): every participant's "
-               "K/V held in memory, nothing sent, so the time is only the rank's own attention calls and the "
-               "combination of their results (backward: each ring step's backward on the combined output and LSE, "
-               "and the float32 accumulation of the gradients). Every configuration was checked against the float32 "
-               "reference first (largest relative error shown). Per-GPU TFLOP/s by the CP convention, global FLOPs "
-               "over the slower rank's time x world size; the single-GPU kernel ran on one rank's token count in the "
-               "same process. The gap between these figures and the multi-GPU cells above is what communication "
-               "and its overlap cost. The autograd column (some backward runs): the same steps with the step's "
-               "forward run again under autograd, as the Flex backward did before it called Flex's own backward "
-               "operator. For document masks a rank's 32K tokens are not the single-GPU problem at 32K (documents "
-               "are drawn per length), so their ratio can pass 1. A configuration run more than once (after a code change, "
-               "for example) appears once per file; the file names the run.")
+        p_cp.p(
+            "Each rank of a CP run played in turn on one GPU (benchmarks/cp_rank_local.py): every participant's "
+            "K/V held in memory, nothing sent, so the time is only the rank's own attention calls and the "
+            "combination of their results (backward: each ring step's backward on the combined output and LSE, "
+            "and the float32 accumulation of the gradients). Every configuration was checked against the float32 "
+            "reference first (largest relative error shown). Per-GPU TFLOP/s by the CP convention, global FLOPs "
+            "over the slower rank's time x world size; the single-GPU kernel ran on one rank's token count in the "
+            "same process. The gap between these figures and the multi-GPU cells above is what communication "
+            "and its overlap cost. The autograd column (some backward runs): the same steps with the step's "
+            "forward run again under autograd, as the Flex backward did before it called Flex's own backward "
+            "operator. For document masks a rank's 32K tokens are not the single-GPU problem at 32K (documents "
+            "are drawn per length), so their ratio can pass 1. A configuration run more than once (after a code "
+            "change, for example) appears once per file; the file names the run."
+        )
         p_cp.table(_table(local, cp_local.shown_columns(local), numeric=cp_local.NUMERIC))
     p_lin = Page("linear.html", "Linear", "Linear attention against softmax")
     series, cross = queries.linear_vs_softmax(c)
     p_lin.chart(charts.linear_chart(series, cross), "No ok linear-attention cells.")
     if cross.height:
         shown = cross.with_columns(
-            verdict=pl.when(pl.col("crossover").is_null()).then(pl.lit("softmax ahead at the longest length"))
-            .when(pl.col("below").is_null()).then(pl.lit("linear ahead at every shared length"))
-            .otherwise(pl.format("between {} and {} tokens", pl.col("below"), pl.col("crossover"))))
-        p_lin.table(_table(shown, ["group", "kernel", "verdict", "below", "crossover", "lengths"],
-                           numeric=["below", "crossover", "lengths"]))
+            verdict=pl.when(pl.col("crossover").is_null())
+            .then(pl.lit("softmax ahead at the longest length"))
+            .when(pl.col("below").is_null())
+            .then(pl.lit("linear ahead at every shared length"))
+            .otherwise(pl.format("between {} and {} tokens", pl.col("below"), pl.col("crossover")))
+        )
+        p_lin.table(
+            _table(
+                shown,
+                ["group", "kernel", "verdict", "below", "crossover", "lengths"],
+                numeric=["below", "crossover", "lengths"],
+            )
+        )
     return [p_sparse, p_cp, p_lin, _shapes_page(c)]
 
 
 def _shapes_page(c: pl.DataFrame) -> Page:
     page = Page("shapes.html", "Head dim & dtype", "Head dim and dtype")
     study = queries.shape_study(c)
-    page.chart(charts.shape_chart(study), "No kernel has ok cells at more than one head dim or dtype with "
-                                          "everything else equal.")
+    page.chart(
+        charts.shape_chart(study),
+        "No kernel has ok cells at more than one head dim or dtype with everything else equal.",
+    )
     wide, variants = queries.shape_table(study)
     if wide.height:
-        page.p("TFLOP/s (exact mask area) of each kernel at every measured head dim and dtype, everything else "
-               "equal (mask and its number of draws, pass, length, heads, machine); an empty field: no ok cell "
-               "of that variant with the same draws (a failed cell is on the Status page). A row's figures may "
-               "come from several sweeps (named last), each under its own measurement protocol.")
-        page.table(_table(wide.with_columns(heads=pl.format("{}:{}", "heads_q", "heads_kv")),
-                          ["kernel", "mask", "mask_variant", "mask_samples", "pass", "seqlen_q", "heads", *variants,
-                           "sweeps", "machine"], numeric=["mask_samples", "seqlen_q", *variants]))
+        page.p(
+            "TFLOP/s (exact mask area) of each kernel at every measured head dim and dtype, everything else "
+            "equal (mask and its number of draws, pass, length, heads, machine); an empty field: no ok cell "
+            "of that variant with the same draws (a failed cell is on the Status page). A row's figures may "
+            "come from several sweeps (named last), each under its own measurement protocol."
+        )
+        page.table(
+            _table(
+                wide.with_columns(heads=pl.format("{}:{}", "heads_q", "heads_kv")),
+                [
+                    "kernel",
+                    "mask",
+                    "mask_variant",
+                    "mask_samples",
+                    "pass",
+                    "seqlen_q",
+                    "heads",
+                    *variants,
+                    "sweeps",
+                    "machine",
+                ],
+                numeric=["mask_samples", "seqlen_q", *variants],
+            )
+        )
     return page
 
 
-def _status_page(rows: pl.DataFrame, c: pl.DataFrame, probe: pl.DataFrame | None = None,
-                 superseded: pl.DataFrame | None = None, stale: pl.DataFrame | None = None,
-                 checks: pl.DataFrame | None = None) -> Page:
+def _status_page(
+    rows: pl.DataFrame,
+    c: pl.DataFrame,
+    probe: pl.DataFrame | None = None,
+    superseded: pl.DataFrame | None = None,
+    stale: pl.DataFrame | None = None,
+    checks: pl.DataFrame | None = None,
+) -> Page:
     page = Page("status.html", "Status", "Cells that are not ok")
     bad = queries.non_ok(rows, c)
     withheld = queries.partly_failed(c)
-    page.p(f"{bad.height} (cell, status, reason) lines from {bad.get_column('rows').sum() if bad.height else 0} rows. "
-           "None of these is drawn as a speed." + (f" {withheld} cells have at least one non-ok row; their ok rows "
-                                                    "are withheld from the charts too." if withheld else ""))
+    page.p(
+        f"{bad.height} (cell, status, reason) lines from {bad.get_column('rows').sum() if bad.height else 0} rows. "
+        "None of these is drawn as a speed."
+        + (
+            f" {withheld} cells have at least one non-ok row; their ok rows are withheld from the charts too."
+            if withheld
+            else ""
+        )
+    )
     if bad.height:
         page.table(_table(bad, _NON_OK_COLS, numeric=["seqlen_q", "batch", "world_size", "rows"]))
     if stale is not None and stale.height:
         page.h2("Cells from an earlier version of the spec")
-        page.p("Drawn cells whose digest the spec file given to the report no longer has: measured before the spec "
-               "changed how they are measured (not measured again yet) or cells it no longer contains. The rows' "
-               "timer and iteration counts say how each was measured.")
+        page.p(
+            "Drawn cells whose digest the spec file given to the report no longer has: measured before the spec "
+            "changed how they are measured (not measured again yet) or cells it no longer contains. The rows' "
+            "timer and iteration counts say how each was measured."
+        )
         page.table(_table(stale, ["spec", "spec_file", "sweep", "cells", "rows"], numeric=["cells", "rows"]))
     if superseded is not None and superseded.height:
         page.h2("Superseded measurements")
-        page.p("Cells measured again after their spec changed how they are measured (a new digest for the same "
-               "cell id): only each cell's latest measurement is drawn. The earlier rows stay in data/all.parquet "
-               "and appear in the measurement-time tables below, marked (superseded).")
-        old_cells = (queries.derive(superseded).group_by("spec", "sweep")
-                     .agg(pl.col("cell_key").n_unique().alias("cells"), pl.len().alias("rows"),
-                          pl.col("timestamp").max().dt.strftime("%Y-%m-%d").alias("last_measured"))
-                     .sort("spec", "sweep"))
+        page.p(
+            "Cells measured again after their spec changed how they are measured (a new digest for the same "
+            "cell id): only each cell's latest measurement is drawn. The earlier rows stay in data/all.parquet "
+            "and appear in the measurement-time tables below, marked (superseded)."
+        )
+        old_cells = (
+            queries.derive(superseded)
+            .group_by("spec", "sweep")
+            .agg(
+                pl.col("cell_key").n_unique().alias("cells"),
+                pl.len().alias("rows"),
+                pl.col("timestamp").max().dt.strftime("%Y-%m-%d").alias("last_measured"),
+            )
+            .sort("spec", "sweep")
+        )
         page.table(_table(old_cells, ["spec", "sweep", "cells", "rows", "last_measured"], numeric=["cells", "rows"]))
     # Protocol probes (rows measured only to see where a sweep's time goes) and superseded rows join
     # these tables alone, each under its own label
-    extra = [f for f in (probe, None if superseded is None or not superseded.height
-                         else superseded.with_columns(spec=pl.col("spec") + " (superseded)")) if f is not None]
+    extra = [
+        f
+        for f in (
+            probe,
+            None
+            if superseded is None or not superseded.height
+            else superseded.with_columns(spec=pl.col("spec") + " (superseded)"),
+        )
+        if f is not None
+    ]
     timing_rows = pl.concat([rows, *extra], how="diagonal_relaxed") if extra else rows
     _table_section(
-        page, "Measurement time", queries.measurement_time(timing_rows),
+        page,
+        "Measurement time",
+        queries.measurement_time(timing_rows),
         ["spec", "sweep", "cells", "timed_s", "wall_s", "timed_share"],
         "Per sweep: summed timed kernel time (every timed sample) over summed cell wall time (one wall clock per "
         "cell: inputs, masks, compilation, the correctness check, warm-up and timing). Process start-up and "
         "scheduling lie outside the cells, so the sweep's own ratio is lower."
-        + (" Rows marked (probe FILE) re-measure cells under another protocol to see where the time goes: they "
-           "appear in these tables only, never in the charts, and are in data/probes.parquet."
-           if probe is not None and probe.height else ""))
+        + (
+            " Rows marked (probe FILE) re-measure cells under another protocol to see where the time goes: they "
+            "appear in these tables only, never in the charts, and are in data/probes.parquet."
+            if probe is not None and probe.height
+            else ""
+        ),
+    )
     shares = [f"{p}_share" for p in queries.PHASES]
     _table_section(
-        page, "Where the cell wall time goes", queries.measurement_phases(timing_rows),
+        page,
+        "Where the cell wall time goes",
+        queries.measurement_phases(timing_rows),
         ["spec", "sweep", "cells", "wall_s", *shares],
         "Per sweep, over the cells whose rows record phase times (result schema 2 on; older rows are left out): "
         "shares of the summed cell wall time. timed: the timed samples; warmup: warm-up calls beyond their "
         "compilation; compile: the first call's compilation; other_timer: the rest of the timer call (fresh "
         "untimed forwards before timed backwards, L2 flushes, launch gaps); check: the correctness check (once "
         "per configuration and process); mask_build: masks and kernel preparation; cooldown: idle pauses before "
-        "measurements (repeat.cooldown_s); rest: inputs and everything else inside the cell.")
+        "measurements (repeat.cooldown_s); rest: inputs and everything else inside the cell.",
+    )
     _table_section(
-        page, "GPU clocks", queries.clocks(timing_rows),
+        page,
+        "GPU clocks",
+        queries.clocks(timing_rows),
         ["spec", "sweep", "rows", "start_mhz", "end_mhz", "end_p10_mhz", "power_capped", "reasons"],
         "Per sweep, over its ok rows: the SM clock read as each row's measurement began and ended (median, and "
         "the 10th percentile at the end), the share of rows that ended under the software power cap, and every "
         "throttle reason seen at the end (NVML's names). Many back-to-back calls run under the power cap at "
-        "lower clocks than a short burst does: compare timings of different protocols with their clocks in view.")
+        "lower clocks than a short burst does: compare timings of different protocols with their clocks in view.",
+    )
     if checks is not None and checks.height:
         page.h2("Timer fidelity")
-        page.p("longca's timer (CUDA events, L2 flushed before every call) against a bare triton.testing.do_bench "
-               "loop (its defaults: 100 ms warm-up, 500 ms timed) on the same call, alternating in one process, "
-               "each case measured over several rounds. ratio: the median over rounds of longca's median / "
-               "do_bench's; worst_round: the round furthest from 1; matched_ratio: against do_bench run for as long "
-               "as longca's own calls (the GPU clock falls under sustained load, so a longer loop may run slower). "
-               f"The goal: within {fidelity.GOAL:.0%}. Every check run is listed, misses included. "
-               + fidelity.summary(checks))
+        page.p(
+            "longca's timer (CUDA events, L2 flushed before every call) against a bare triton.testing.do_bench "
+            "loop (its defaults: 100 ms warm-up, 500 ms timed) on the same call, alternating in one process, "
+            "each case measured over several rounds. ratio: the median over rounds of longca's median / "
+            "do_bench's; worst_round: the round furthest from 1; matched_ratio: against do_bench run for as long "
+            "as longca's own calls (the GPU clock falls under sustained load, so a longer loop may run slower). "
+            f"The goal: within {fidelity.GOAL:.0%}. Every check run is listed, misses included. "
+            + fidelity.summary(checks)
+        )
         shown = [col for col in fidelity.COLUMNS if col != "device" or checks.get_column("device").is_not_null().any()]
         if checks.get_column("error").is_not_null().any():
             shown.append("error")
-        page.table(_table(checks, shown, numeric=["seqlen", "rounds", "longca_ms", "do_bench_ms", "ratio",
-                                                  "worst_round", "matched_ratio"]))
+        page.table(
+            _table(
+                checks,
+                shown,
+                numeric=["seqlen", "rounds", "longca_ms", "do_bench_ms", "ratio", "worst_round", "matched_ratio"],
+            )
+        )
     return page
 
 
@@ -323,14 +496,37 @@ def _table_section(page: Page, title: str, df: pl.DataFrame, cols: list[str], te
 
 def _peers_page(peer: pl.DataFrame, path: Path | None) -> Page:
     page = Page("peers.html", "Published figures", "Published figures of other projects")
-    page.p("Other people's measurements on other machines, carried as longca's own data file "
-           f"({shown_path(path) if path else 'longca/data/peers.csv'}): references, not targets, and never "
-           "mixed with measured rows. Charts draw them in grey with their labels, only over GPU rows. "
-           "'exact-area value' converts a figure to longca's FLOP convention where the publication's "
-           "convention is known (causal_half: S²/2 for a causal mask).")
-    cols = ["source", "kernel", "gpu", "mask", "pass", "dtype", "seqlen_lo", "seqlen_hi", "tokens_per_gpu", "ws_lo",
-            "ws_hi", "heads_q", "heads_kv", "head_dim", "block_size", "density_lo", "density_hi", "figure",
-            "flop_convention", "y_lo", "y_hi", "note"]
+    page.p(
+        "Other people's measurements on other machines, carried as longca's own data file "
+        f"({shown_path(path) if path else 'longca/data/peers.csv'}): references, not targets, and never "
+        "mixed with measured rows. Charts draw them in grey with their labels, only over GPU rows. "
+        "'exact-area value' converts a figure to longca's FLOP convention where the publication's "
+        "convention is known (causal_half: S²/2 for a causal mask)."
+    )
+    cols = [
+        "source",
+        "kernel",
+        "gpu",
+        "mask",
+        "pass",
+        "dtype",
+        "seqlen_lo",
+        "seqlen_hi",
+        "tokens_per_gpu",
+        "ws_lo",
+        "ws_hi",
+        "heads_q",
+        "heads_kv",
+        "head_dim",
+        "block_size",
+        "density_lo",
+        "density_hi",
+        "figure",
+        "flop_convention",
+        "y_lo",
+        "y_hi",
+        "note",
+    ]
     t = _table(peer, cols, numeric=["y_lo", "y_hi"])
     t.columns = [{"y_lo": "exact-area value (lo)", "y_hi": "exact-area value (hi)"}.get(x, x) for x in t.columns]
     t.numeric = {"exact-area value (lo)", "exact-area value (hi)"}
@@ -338,24 +534,42 @@ def _peers_page(peer: pl.DataFrame, path: Path | None) -> Page:
     return page
 
 
-def _provenance_page(rows: pl.DataFrame, data: Sequence[Path], spec: Path | None, spec_name: str,
-                     libs: dict[str, str], all_charts: list[ChartSpec], out: Path, title: str | None,
-                     probe: Sequence[Path] = (), checks: Sequence[Path] = (),
-                     local_files: Sequence[Path] = (), static_exports: bool = True) -> Page:
+def _provenance_page(
+    rows: pl.DataFrame,
+    data: Sequence[Path],
+    spec: Path | None,
+    spec_name: str,
+    libs: dict[str, str],
+    all_charts: list[ChartSpec],
+    out: Path,
+    title: str | None,
+    probe: Sequence[Path] = (),
+    checks: Sequence[Path] = (),
+    local_files: Sequence[Path] = (),
+    static_exports: bool = True,
+) -> Page:
     page = Page("environment.html", "Environment & data", "Environment, provenance and downloads")
     page.h2("Where the numbers came from")
     env = queries.environments(rows)
     page.table(_table(env, ["env_id", *queries.ENV_FACTS, "rows", "run_ids", "first", "last"], numeric=["rows"]))
     page.h2("Downloads")
-    page.links([("data/all.parquet", "every row (Parquet, longca result schema, zstd)"),
-                *([("data/probes.parquet", "protocol probe rows (Status page timing tables only)")] if probe else [])])
+    page.links(
+        [
+            ("data/all.parquet", "every row (Parquet, longca result schema, zstd)"),
+            *([("data/probes.parquet", "protocol probe rows (Status page timing tables only)")] if probe else []),
+        ]
+    )
     page.p("As CSV (the per-iteration samples are most of the bytes; leave them out):")
     page.pre("duckdb -c \"COPY (SELECT * EXCLUDE (samples_ms) FROM 'data/all.parquet') TO 'all.csv'\"")
     page.h2("Reproduce")
-    cmd = ["longca", "report", *[a for d in data for a in ("--data", shown_path(d))],
-           *[a for d in probe for a in ("--probe", shown_path(d))],
-           *[a for d in checks for a in ("--fidelity", shown_path(d))],
-           *[a for d in local_files for a in ("--cp-local", shown_path(d))]]
+    cmd = [
+        "longca",
+        "report",
+        *[a for d in data for a in ("--data", shown_path(d))],
+        *[a for d in probe for a in ("--probe", shown_path(d))],
+        *[a for d in checks for a in ("--fidelity", shown_path(d))],
+        *[a for d in local_files for a in ("--cp-local", shown_path(d))],
+    ]
     if spec is not None:
         cmd += ["--spec", shown_path(spec)]
     cmd += ["--out", shown_path(out)]
@@ -369,17 +583,29 @@ def _provenance_page(rows: pl.DataFrame, data: Sequence[Path], spec: Path | None
         page.p("Re-measure the spec and rebuild its report with the workflow:")
         page.pre(f"snakemake --cores all reports/{spec_name}/index.html")
     if static_exports:
-        page.p("Each chart below is drawn from its own rows; its Vega-Lite spec and CSV are in charts/ and redraw "
-               "it exactly (for example with vl-convert or the Vega editor).")
-        page.table(Table(columns=["chart", "rows drawn", "spec", "data"],
-                         rows=[[c.title, c.query, f"charts/{c.id}.vl.json", f"charts/{c.id}.csv"] for c in all_charts]))
+        page.p(
+            "Each chart below is drawn from its own rows; its Vega-Lite spec and CSV are in charts/ and redraw "
+            "it exactly (for example with vl-convert or the Vega editor)."
+        )
+        page.table(
+            Table(
+                columns=["chart", "rows drawn", "spec", "data"],
+                rows=[[c.title, c.query, f"charts/{c.id}.vl.json", f"charts/{c.id}.csv"] for c in all_charts],
+            )
+        )
     else:
-        page.p("Each chart below is drawn from its own rows (in assets/data.js); the links under a chart download "
-               "its Vega-Lite spec with those rows, which redraws it exactly, and the rows as CSV.")
+        page.p(
+            "Each chart below is drawn from its own rows (in assets/data.js); the links under a chart download "
+            "its Vega-Lite spec with those rows, which redraws it exactly, and the rows as CSV."
+        )
         page.table(Table(columns=["chart", "rows drawn"], rows=[[c.title, c.query] for c in all_charts]))
     page.h2("Report software")
-    page.table(Table(columns=["library", "version"],
-                     rows=[["longca", longca.__version__], *sorted([k, v] for k, v in libs.items())]))
+    page.table(
+        Table(
+            columns=["library", "version"],
+            rows=[["longca", longca.__version__], *sorted([k, v] for k, v in libs.items())],
+        )
+    )
     page.h2("Spec")
     if spec is not None:
         page.p(f"{shown_path(spec)}:")
@@ -409,17 +635,27 @@ def _stale_cells(rows: pl.DataFrame, spec_path: Path) -> pl.DataFrame | None:
     try:
         spec = load_spec(spec_path)
     except SpecError as exc:
-        print(f"warning: {shown_path(spec_path)} does not load as a spec ({exc}); drawn cells are not "
-              "checked against it", file=sys.stderr)
+        print(
+            f"warning: {shown_path(spec_path)} does not load as a spec ({exc}); drawn cells are not checked against it",
+            file=sys.stderr,
+        )
         return None
     stale = queries.outside_spec(rows, spec.name, {c.digest for c in expand(spec)})
     return stale.with_columns(spec=pl.lit(spec.name), spec_file=pl.lit(shown_path(spec_path)))
 
 
-def build_report(data: Sequence[str | Path], out: str | Path, spec: str | Path | None = None,
-                 title: str | None = None, png: bool = True, peers_path: str | Path | None = None,
-                 probe: Sequence[str | Path] = (), fidelity_checks: Sequence[str | Path] = (),
-                 cp_local_runs: Sequence[str | Path] = (), static_exports: bool = True) -> Built:
+def build_report(
+    data: Sequence[str | Path],
+    out: str | Path,
+    spec: str | Path | None = None,
+    title: str | None = None,
+    png: bool = True,
+    peers_path: str | Path | None = None,
+    probe: Sequence[str | Path] = (),
+    fidelity_checks: Sequence[str | Path] = (),
+    cp_local_runs: Sequence[str | Path] = (),
+    static_exports: bool = True,
+) -> Built:
     """Write the whole static site for the rows in `data` under `out`; returns what was written.
 
     `static_exports`: also write charts/<id>.{svg,png,vl.json,csv} (PNG unless `png` is False) for
@@ -443,8 +679,10 @@ def build_report(data: Sequence[str | Path], out: str | Path, spec: str | Path |
     if probe:  # each file read once; its rows named for it (a probe may re-measure a committed sweep's cells)
         read = [load.read_rows([p]) for p in probe]
         probe_table = pa.concat_tables([t for t, _ in read])
-        probe_rows = pl.concat([r.with_columns(spec=pl.col("spec") + f" (probe {p.stem})")
-                                for p, (_, r) in zip(probe, read)], how="diagonal_relaxed")
+        probe_rows = pl.concat(
+            [r.with_columns(spec=pl.col("spec") + f" (probe {p.stem})") for p, (_, r) in zip(probe, read)],
+            how="diagonal_relaxed",
+        )
     check_files = [Path(p) for p in fidelity_checks]
     checks = fidelity.load_checks(check_files, {p: shown_path(p) for p in check_files}) if check_files else None
     local_files = [Path(p) for p in cp_local_runs]
@@ -484,10 +722,27 @@ def build_report(data: Sequence[str | Path], out: str | Path, spec: str | Path |
         p_gallery.gallery(images)
     else:
         p_gallery.p(message, "note")
-    site = [overview, *family, p_gallery, _status_page(rows, c, probe_rows, superseded, stale, checks),
-            _peers_page(peer, Path(peers_path) if peers_path else None),
-            _provenance_page(rows, data, spec_path, spec_name, libs, all_charts, out, title, probe, check_files,
-                             local_files, static_exports)]
+    site = [
+        overview,
+        *family,
+        p_gallery,
+        _status_page(rows, c, probe_rows, superseded, stale, checks),
+        _peers_page(peer, Path(peers_path) if peers_path else None),
+        _provenance_page(
+            rows,
+            data,
+            spec_path,
+            spec_name,
+            libs,
+            all_charts,
+            out,
+            title,
+            probe,
+            check_files,
+            local_files,
+            static_exports,
+        ),
+    ]
     if mask_pages:
         masks_index = Page("masks.html", "Masks", "Per-mask throughput and memory")
         masks_index.links([(p.file, p.nav) for p in mask_pages])
@@ -495,8 +750,9 @@ def build_report(data: Sequence[str | Path], out: str | Path, spec: str | Path |
     # mask pages: linked from the Masks page, rendered with the same navigation bar
     written = pages.write(site + mask_pages, out, site_title, specs, static_exports, nav=site)
     timings["total"] = time.perf_counter() - t0
-    (out / "build.json").write_text(json.dumps({"pages": [p.name for p in written],
-                                                 "charts": [ch.id for ch in all_charts]}, indent=1))
+    (out / "build.json").write_text(
+        json.dumps({"pages": [p.name for p in written], "charts": [ch.id for ch in all_charts]}, indent=1)
+    )
     return Built(out=out, pages=written, charts=[ch.id for ch in all_charts], timings=timings)
 
 

@@ -21,16 +21,52 @@ DATASET = "rows"
 TOOLTIP_ALL = {"content": "data"}
 PEER_COLOR = "#555555"
 STATUS_COLORS = {
-    "supported": "#2e7d32", "OOM at some sizes": "#9ccc65", "partly unsupported": "#fbc02d",
-    "OOM": "#ef6c00", "unsupported": "#9e9e9e", "failed (error/incorrect/timeout)": "#c62828",
+    "supported": "#2e7d32",
+    "OOM at some sizes": "#9ccc65",
+    "partly unsupported": "#fbc02d",
+    "OOM": "#ef6c00",
+    "unsupported": "#9e9e9e",
+    "failed (error/incorrect/timeout)": "#c62828",
 }
 # 1024 -> 1K, 1048576 -> 1M: lengths read like the paper's axes
-LEN_LABEL = ("datum.value >= 1048576 ? format(datum.value / 1048576, '~g') + 'M' : "
-             "datum.value >= 1024 ? format(datum.value / 1024, '~g') + 'K' : format(datum.value, '~g')")
-TOOLTIP = ("kernel", "mask", "pass", "seqlen_q", "seqlen_k", "batch", "heads_q", "heads_kv", "head_dim",
-           "head_dim_v", "dtype", "density", "block_size", "score_source", "world_size", "cp_mechanism",
-           "cp_degrees", "cp_balance", "tflops", "tokens_per_s", "median_ms", "p20_ms", "p80_ms", "peak_mem_gib",
-           "comm_share", "imbalance_time", "imbalance_area", "backend", "rows", "machine", "run_ids", "cell_id")
+LEN_LABEL = (
+    "datum.value >= 1048576 ? format(datum.value / 1048576, '~g') + 'M' : "
+    "datum.value >= 1024 ? format(datum.value / 1024, '~g') + 'K' : format(datum.value, '~g')"
+)
+TOOLTIP = (
+    "kernel",
+    "mask",
+    "pass",
+    "seqlen_q",
+    "seqlen_k",
+    "batch",
+    "heads_q",
+    "heads_kv",
+    "head_dim",
+    "head_dim_v",
+    "dtype",
+    "density",
+    "block_size",
+    "score_source",
+    "world_size",
+    "cp_mechanism",
+    "cp_degrees",
+    "cp_balance",
+    "tflops",
+    "tokens_per_s",
+    "median_ms",
+    "p20_ms",
+    "p80_ms",
+    "peak_mem_gib",
+    "comm_share",
+    "imbalance_time",
+    "imbalance_area",
+    "backend",
+    "rows",
+    "machine",
+    "run_ids",
+    "cell_id",
+)
 
 
 @dataclass
@@ -58,10 +94,41 @@ class ChartSpec:
 
 
 # columns a chart may encode besides its tooltip; anything else stays out of the page
-_DRAWN = {"series", "attn", "shape", "panel", "label", "group", "imbalance_of", "imbalance", "fraction", "full_kernel",
-          "full_tflops", "density_label", "block_label", "crossover", "below", "x_lo", "x_hi", "y_lo", "y_hi",
-          "source", "gpu", "peer_shape", "figure", "flop_convention", "note", "category", "n", "ok", "unsupported",
-          "oom", "failed", "mech", "kernel_label"}
+_DRAWN = {
+    "series",
+    "attn",
+    "shape",
+    "panel",
+    "label",
+    "group",
+    "imbalance_of",
+    "imbalance",
+    "fraction",
+    "full_kernel",
+    "full_tflops",
+    "density_label",
+    "block_label",
+    "crossover",
+    "below",
+    "x_lo",
+    "x_hi",
+    "y_lo",
+    "y_hi",
+    "source",
+    "gpu",
+    "peer_shape",
+    "figure",
+    "flop_convention",
+    "note",
+    "category",
+    "n",
+    "ok",
+    "unsupported",
+    "oom",
+    "failed",
+    "mech",
+    "kernel_label",
+}
 
 
 def records(df: pl.DataFrame) -> list[dict[str, Any]]:
@@ -102,13 +169,20 @@ def _length_x(data: pl.DataFrame, field_name: str = "seqlen_q", title: str = "se
     """Log-2 length axis with ticks at the measured lengths (a narrow domain would otherwise get
     ticks such as 68.36K)."""
     ticks = sorted({int(v) for v in data.get_column(field_name).drop_nulls()})
-    return alt.X(f"{field_name}:Q", title=title, scale=alt.Scale(type="log", base=2),
-                 axis=alt.Axis(labelExpr=LEN_LABEL, values=ticks))
+    return alt.X(
+        f"{field_name}:Q",
+        title=title,
+        scale=alt.Scale(type="log", base=2),
+        axis=alt.Axis(labelExpr=LEN_LABEL, values=ticks),
+    )
 
 
-def _layered_facet(layers: Sequence[tuple[str, pl.DataFrame, Callable[[alt.Chart], alt.Chart]]],
-                   row: str | None, column: str | None,
-                   row_order: list[str] | None = None) -> tuple[alt.TopLevelMixin, list[dict[str, Any]]]:
+def _layered_facet(
+    layers: Sequence[tuple[str, pl.DataFrame, Callable[[alt.Chart], alt.Chart]]],
+    row: str | None,
+    column: str | None,
+    row_order: list[str] | None = None,
+) -> tuple[alt.TopLevelMixin, list[dict[str, Any]]]:
     """Facet several layers that carry different rows: one dataset tagged by `_layer`, one filter per layer.
     row_order: the rows' order where sorting their labels as text would not do (4K before 16K)."""
     values: list[dict[str, Any]] = []
@@ -119,23 +193,30 @@ def _layered_facet(layers: Sequence[tuple[str, pl.DataFrame, Callable[[alt.Chart
     layered = alt.layer(*charts, data=alt.NamedData(name=DATASET)).properties(width=W, height=H)
     facet: dict[str, Any] = {}
     if row:
-        facet["row"] = alt.Row(f"{row}:N", title=None, header=alt.Header(labelAngle=0, labelAlign="left"),
-                               sort=row_order or "ascending")
+        facet["row"] = alt.Row(
+            f"{row}:N", title=None, header=alt.Header(labelAngle=0, labelAlign="left"), sort=row_order or "ascending"
+        )
     if column:
         order = ["fwd", "bwd", "fwd_bwd"] if column == "pass" else "ascending"  # forward first, as papers do
         facet["column"] = alt.Column(f"{column}:N", title=None, sort=order)
     return (layered.facet(**facet).resolve_scale(y="independent") if facet else layered), values
 
 
-def _lines(x: alt.X, y: alt.Y, color: str = "series", dash: str | None = None,
-           dash_shapes: bool = False) -> Callable[[alt.Chart], alt.Chart]:
+def _lines(
+    x: alt.X, y: alt.Y, color: str = "series", dash: str | None = None, dash_shapes: bool = False
+) -> Callable[[alt.Chart], alt.Chart]:
     """Measured lines with points, a legend that selects series, and full-parameter tooltips.
     dash_shapes: the `dash` field also picks the point shape, for variants measured at one x only
     (a lone point has no line to dash)."""
+
     def make(base: alt.Chart) -> alt.Chart:
         pick = alt.selection_point(fields=[color], bind="legend", name="pick")
-        enc: dict[str, Any] = dict(x=x, y=y, color=alt.Color(f"{color}:N", title=None),
-                                   opacity=alt.when(pick).then(alt.value(1.0)).otherwise(alt.value(0.12)))
+        enc: dict[str, Any] = dict(
+            x=x,
+            y=y,
+            color=alt.Color(f"{color}:N", title=None),
+            opacity=alt.when(pick).then(alt.value(1.0)).otherwise(alt.value(0.12)),
+        )
         if dash:
             if dash_shapes:  # one legend, the shapes'; the dashes follow it
                 enc["strokeDash"] = alt.StrokeDash(f"{dash}:N", legend=None)
@@ -146,6 +227,7 @@ def _lines(x: alt.X, y: alt.Y, color: str = "series", dash: str | None = None,
         # the tooltip shows every field of the point: records() already chose the cell's parameters.
         # (Per-field tooltip encodings cost Altair ~1 s of schema matching per chart.)
         return base.mark_line(point=True, tooltip=TOOLTIP_ALL).encode(**enc).add_params(pick)
+
     return make
 
 
@@ -157,17 +239,19 @@ def _peer_layers(peers: pl.DataFrame, x_title: str) -> list[tuple[str, pl.DataFr
     ranges = peers.filter(~((pl.col("x_lo") == pl.col("x_hi")) & (pl.col("y_lo") == pl.col("y_hi"))))
 
     def box(base: alt.Chart) -> alt.Chart:
-        return base.mark_rect(color=PEER_COLOR, opacity=0.15, stroke=PEER_COLOR, strokeWidth=2,
-                              tooltip=TOOLTIP_ALL).encode(
-            x=alt.X("x_lo:Q", title=x_title), x2="x_hi:Q", y="y_lo:Q", y2="y_hi:Q")
+        return base.mark_rect(
+            color=PEER_COLOR, opacity=0.15, stroke=PEER_COLOR, strokeWidth=2, tooltip=TOOLTIP_ALL
+        ).encode(x=alt.X("x_lo:Q", title=x_title), x2="x_hi:Q", y="y_lo:Q", y2="y_hi:Q")
 
     def point(base: alt.Chart) -> alt.Chart:
         return base.mark_point(shape="diamond", filled=True, color=PEER_COLOR, size=70, tooltip=TOOLTIP_ALL).encode(
-            x=alt.X("x_lo:Q", title=x_title), y="y_lo:Q")
+            x=alt.X("x_lo:Q", title=x_title), y="y_lo:Q"
+        )
 
     def text(base: alt.Chart) -> alt.Chart:
         return base.mark_text(align="left", dx=5, dy=-4, fontSize=9, color=PEER_COLOR).encode(
-            x=alt.X("x_hi:Q", title=x_title), y="y_hi:Q", text="label:N")
+            x=alt.X("x_hi:Q", title=x_title), y="y_hi:Q", text="label:N"
+        )
 
     return [("peer_range", ranges, box), ("peer_point", is_point, point), ("peer_text", peers, text)]
 
@@ -189,11 +273,16 @@ def mask_metric(mask: str, cells: pl.DataFrame, metric: str, peers: pl.DataFrame
     chart, values = _layered_facet(layers, row="attn", column="pass")
     what = "throughput" if metric == "tflops" else "memory"
     return ChartSpec(
-        id=f"mask-{slug(mask)}-{what}", title=f"{mask}: {what} against sequence length",
-        chart=chart.properties(title=f"{mask}: {title}"), data=df, machines=queries.machines(df), values=values,
+        id=f"mask-{slug(mask)}-{what}",
+        title=f"{mask}: {what} against sequence length",
+        chart=chart.properties(title=f"{mask}: {title}"),
+        data=df,
+        machines=queries.machines(df),
+        values=values,
         caption=f"{title} of every ok cell on mask {mask}; columns: pass, rows: attention type. "
-                "Click a legend entry to pick kernels (shift-click for several).",
-        query=f"status ok, world_size 1, kernel_family softmax, mask {mask}")
+        "Click a legend entry to pick kernels (shift-click for several).",
+        query=f"status ok, world_size 1, kernel_family softmax, mask {mask}",
+    )
 
 
 def best_heatmap(best: pl.DataFrame) -> ChartSpec | None:
@@ -206,13 +295,24 @@ def best_heatmap(best: pl.DataFrame) -> ChartSpec | None:
     )
     rect = chart.mark_rect(tooltip=TOOLTIP_ALL).encode(color=alt.Color("kernel:N", title="best kernel"))
     text = chart.mark_text(fontSize=9).encode(text=alt.Text("tflops:Q", format=".3~g"))
-    facet = alt.layer(rect, text).properties(width=W).facet(
-        column=alt.Column("pass:N", title=None, sort=["fwd", "bwd", "fwd_bwd"]),
-        row=alt.Row("panel:N", title=None, header=alt.Header(labelAngle=0, labelAlign="left")))
-    return ChartSpec(id="overview-best", title="Best kernel per mask and length", chart=facet, data=df,
-                     values=records(df),
-                     machines=queries.machines(df), query="status ok, world_size 1, softmax, non-sparse masks",
-                     caption="Colour: the fastest ok kernel; number: its TFLOP/s with exact mask-area FLOPs.")
+    facet = (
+        alt.layer(rect, text)
+        .properties(width=W)
+        .facet(
+            column=alt.Column("pass:N", title=None, sort=["fwd", "bwd", "fwd_bwd"]),
+            row=alt.Row("panel:N", title=None, header=alt.Header(labelAngle=0, labelAlign="left")),
+        )
+    )
+    return ChartSpec(
+        id="overview-best",
+        title="Best kernel per mask and length",
+        chart=facet,
+        data=df,
+        values=records(df),
+        machines=queries.machines(df),
+        query="status ok, world_size 1, softmax, non-sparse masks",
+        caption="Colour: the fastest ok kernel; number: its TFLOP/s with exact mask-area FLOPs.",
+    )
 
 
 def fraction_chart(frac: pl.DataFrame) -> ChartSpec | None:
@@ -222,28 +322,45 @@ def fraction_chart(frac: pl.DataFrame) -> ChartSpec | None:
     y = alt.Y("fraction:Q", title="best TFLOP/s ÷ best full-mask TFLOP/s", axis=alt.Axis(format="%"))
     layers = [("measured", df, _lines(_length_x(df), y, color="mask"))]
     chart, values = _layered_facet(layers, row="panel", column="pass")
-    return ChartSpec(id="overview-fraction", title="Mask efficiency: fraction of the best full-mask throughput",
-                     chart=chart, values=values, data=df, machines=queries.machines(df),
-                     query="best ok kernel per (mask, pass, length, shape) over the best on mask full",
-                     caption="Per mask, the best kernel's TFLOP/s (exact mask-area FLOPs) as a fraction of the "
-                             "best full-mask TFLOP/s at the same pass, length and shape; lengths where a kernel "
-                             "that wins elsewhere has not run are left out.")
+    return ChartSpec(
+        id="overview-fraction",
+        title="Mask efficiency: fraction of the best full-mask throughput",
+        chart=chart,
+        values=values,
+        data=df,
+        machines=queries.machines(df),
+        query="best ok kernel per (mask, pass, length, shape) over the best on mask full",
+        caption="Per mask, the best kernel's TFLOP/s (exact mask-area FLOPs) as a fraction of the "
+        "best full-mask TFLOP/s at the same pass, length and shape; lengths where a kernel "
+        "that wins elsewhere has not run are left out.",
+    )
 
 
 def support_chart(matrix: pl.DataFrame) -> ChartSpec | None:
     if matrix.is_empty():
         return None
     base = alt.Chart(alt.NamedData(name=DATASET)).encode(
-        x=alt.X("mask:N", title=None, axis=alt.Axis(labelAngle=-40)), y=alt.Y("kernel:N", title=None))
+        x=alt.X("mask:N", title=None, axis=alt.Axis(labelAngle=-40)), y=alt.Y("kernel:N", title=None)
+    )
     rect = base.mark_rect(stroke="white", tooltip=TOOLTIP_ALL).encode(
-        color=alt.Color("category:N", title="measured status",
-                        scale=alt.Scale(domain=list(STATUS_COLORS), range=list(STATUS_COLORS.values()))))
+        color=alt.Color(
+            "category:N",
+            title="measured status",
+            scale=alt.Scale(domain=list(STATUS_COLORS), range=list(STATUS_COLORS.values())),
+        )
+    )
     text = base.mark_text(fontSize=9, color="black").encode(text="label:N")
     chart = alt.layer(rect, text).properties(width=alt.Step(64), height=alt.Step(24))
-    return ChartSpec(id="overview-support", title="Kernel × mask support, measured", chart=chart,
-                     data=matrix, values=records(matrix), query="every single-device cell, by status",
-                     caption="Each square summarises the measured statuses of every cell of that kernel and mask; "
-                             "'8/10 ok' means 8 of its 10 cells ran and passed the correctness check.")
+    return ChartSpec(
+        id="overview-support",
+        title="Kernel × mask support, measured",
+        chart=chart,
+        data=matrix,
+        values=records(matrix),
+        query="every single-device cell, by status",
+        caption="Each square summarises the measured statuses of every cell of that kernel and mask; "
+        "'8/10 ok' means 8 of its 10 cells ran and passed the correctness check.",
+    )
 
 
 def sparse_chart(cells: pl.DataFrame, peers: pl.DataFrame, x: str) -> ChartSpec | None:
@@ -254,11 +371,15 @@ def sparse_chart(cells: pl.DataFrame, peers: pl.DataFrame, x: str) -> ChartSpec 
     df = cells.with_columns(
         density_label=pl.format("density {}", pl.col("density").round(2)),
         # variable blocks have no single block size: their own panel, never "block null"
-        block_label=pl.when(pl.col("block_size").is_null()).then(pl.lit("variable blocks"))
+        block_label=pl.when(pl.col("block_size").is_null())
+        .then(pl.lit("variable blocks"))
         .otherwise(pl.format("block {}", pl.col("block_size"))),
         sparse_kind=pl.when(pl.col("mask") == "variable_block_sparse").then(pl.lit(" variable")).otherwise(pl.lit("")),
-    ).with_columns(kernel_label=pl.concat_str([pl.col("kernel"), pl.col("sparse_kind"), pl.lit(" · "),
-                                               pl.col("score_source").fill_null("?")]))
+    ).with_columns(
+        kernel_label=pl.concat_str(
+            [pl.col("kernel"), pl.col("sparse_kind"), pl.lit(" · "), pl.col("score_source").fill_null("?")]
+        )
+    )
     panel = "density_label" if x == "block_size" else "block_label"
     df = _series(df, "kernel_label", ["pass", panel]).sort("series", x)
     if x == "seqlen_q":
@@ -272,27 +393,42 @@ def sparse_chart(cells: pl.DataFrame, peers: pl.DataFrame, x: str) -> ChartSpec 
     if not peers.is_empty() and x != "seqlen_q":  # published sparse figures are at one length each
         p = peers.with_columns(block_label=pl.format("block {}", pl.col("block_size")))
         if x == "density":
-            p = p.filter(pl.col("density_lo").is_not_null()).with_columns(x_lo=pl.col("density_lo"),
-                                                                          x_hi=pl.col("density_hi"))
+            p = p.filter(pl.col("density_lo").is_not_null()).with_columns(
+                x_lo=pl.col("density_lo"), x_hi=pl.col("density_hi")
+            )
             p = p.join(df.select("pass", "block_label").unique(), on=["pass", "block_label"], how="semi")
         else:
             p = p.filter(pl.col("density_lo").is_null() & pl.col("block_size").is_not_null()).with_columns(
-                x_lo=pl.col("block_size").cast(pl.Float64), x_hi=pl.col("block_size").cast(pl.Float64),
-                density_label=pl.lit(None, pl.String))
+                x_lo=pl.col("block_size").cast(pl.Float64),
+                x_hi=pl.col("block_size").cast(pl.Float64),
+                density_label=pl.lit(None, pl.String),
+            )
             p = p.join(df.select("pass").unique(), on="pass", how="semi")
             # a figure without a density belongs to no density panel: repeat it in each, labelled
             p = p.drop("density_label").join(df.select("pass", "density_label").unique(), on="pass")
         # joins and unique() leave row order free: sort, so that a rebuild from the same rows is identical
-        p = p.sort([c for c in ("pass", "density_label", "block_label", "source", "kernel", "x_lo", "x_hi", "y_lo")
-                    if c in p.columns], nulls_last=True)
+        p = p.sort(
+            [
+                c
+                for c in ("pass", "density_label", "block_label", "source", "kernel", "x_lo", "x_hi", "y_lo")
+                if c in p.columns
+            ],
+            nulls_last=True,
+        )
         layers += _peer_layers(p, xe.to_dict().get("title", x))
     chart, values = _layered_facet(layers, row="pass", column=panel)
     name = {"seqlen_q": "sequence length"}.get(x, x.replace("_", " "))
-    return ChartSpec(id=f"sparse-{x.replace('_', '-')}", title=f"Block-sparse throughput against {name}",
-                     chart=chart, values=values, data=df, machines=queries.machines(df),
-                     query="status ok, world_size 1, masks block_sparse and variable_block_sparse",
-                     caption=f"Dashed lines distinguish {'densities' if x == 'seqlen_q' else 'sequence lengths'}; "
-                             "the legend names kernel, mask kind and block score source (random or importance).")
+    return ChartSpec(
+        id=f"sparse-{x.replace('_', '-')}",
+        title=f"Block-sparse throughput against {name}",
+        chart=chart,
+        values=values,
+        data=df,
+        machines=queries.machines(df),
+        query="status ok, world_size 1, masks block_sparse and variable_block_sparse",
+        caption=f"Dashed lines distinguish {'densities' if x == 'seqlen_q' else 'sequence lengths'}; "
+        "the legend names kernel, mask kind and block score source (random or importance).",
+    )
 
 
 def cp_chart(cells: pl.DataFrame, peers: pl.DataFrame, kind: str) -> ChartSpec | None:
@@ -304,8 +440,9 @@ def cp_chart(cells: pl.DataFrame, peers: pl.DataFrame, kind: str) -> ChartSpec |
         df = df.filter(pl.col("imbalance_time").is_not_null() | pl.col("imbalance_area").is_not_null())
     if df.is_empty():
         return None
-    df = df.with_columns(mech=pl.concat_str([pl.col("cp_mechanism").fill_null("?"), pl.lit(" ("), pl.col("kernel"),
-                                             pl.lit(")")]))
+    df = df.with_columns(
+        mech=pl.concat_str([pl.col("cp_mechanism").fill_null("?"), pl.lit(" ("), pl.col("kernel"), pl.lit(")")])
+    )
     df = _series(df, "mech", ["mask", "pass"]).sort("series", "world_size", "seqlen_q")
     ws_x = alt.X("world_size:Q", title="GPUs (world size)", scale=alt.Scale(type="log", base=2))
     layers: list[tuple[str, pl.DataFrame, Callable[[alt.Chart], alt.Chart]]]
@@ -313,29 +450,57 @@ def cp_chart(cells: pl.DataFrame, peers: pl.DataFrame, kind: str) -> ChartSpec |
         layers = [("measured", df, _lines(ws_x, alt.Y("tflops:Q", title="TFLOP/s per GPU"), dash="seqlen_q"))]
         if not peers.is_empty():
             p = peers.filter(pl.col("ws_lo").is_not_null()).with_columns(
-                x_lo=pl.col("ws_lo").cast(pl.Float64), x_hi=pl.col("ws_hi").cast(pl.Float64))
-            layers += _peer_layers(p.join(df.select("mask", "pass").unique(), on=["mask", "pass"], how="semi"),
-                                   "GPUs (world size)")
+                x_lo=pl.col("ws_lo").cast(pl.Float64), x_hi=pl.col("ws_hi").cast(pl.Float64)
+            )
+            layers += _peer_layers(
+                p.join(df.select("mask", "pass").unique(), on=["mask", "pass"], how="semi"), "GPUs (world size)"
+            )
         title, caption = "Per-GPU throughput against world size", "Dashed lines distinguish global sequence lengths."
     elif kind == "length":
-        layers = [("measured", df, _lines(_length_x(df, title="global sequence length (tokens)"),
-                                          alt.Y("tflops:Q", title="TFLOP/s per GPU"), dash="world_size"))]
+        layers = [
+            (
+                "measured",
+                df,
+                _lines(
+                    _length_x(df, title="global sequence length (tokens)"),
+                    alt.Y("tflops:Q", title="TFLOP/s per GPU"),
+                    dash="world_size",
+                ),
+            )
+        ]
         title, caption = "Per-GPU throughput against length", "Dashed lines distinguish world sizes."
     elif kind == "comm":
         y = alt.Y("comm_share:Q", title="exposed communication / iteration time", axis=alt.Axis(format="%"))
         layers = [("measured", df, _lines(ws_x, y, dash="seqlen_q"))]
-        title, caption = "Exposed-communication share", "Communication time not hidden behind compute, as a share of the iteration."
+        title, caption = (
+            "Exposed-communication share",
+            "Communication time not hidden behind compute, as a share of the iteration.",
+        )
     else:
-        long = df.unpivot(on=["imbalance_time", "imbalance_area"], index=[c for c in df.columns
-                          if c not in ("imbalance_time", "imbalance_area")], variable_name="imbalance_of",
-                          value_name="imbalance").filter(pl.col("imbalance").is_not_null())
+        long = df.unpivot(
+            on=["imbalance_time", "imbalance_area"],
+            index=[c for c in df.columns if c not in ("imbalance_time", "imbalance_area")],
+            variable_name="imbalance_of",
+            value_name="imbalance",
+        ).filter(pl.col("imbalance").is_not_null())
         long = long.with_columns(pl.col("imbalance_of").str.replace("imbalance_", ""))
         y = alt.Y("imbalance:Q", title="max rank / mean rank", scale=alt.Scale(zero=False))
         layers = [("measured", long, _lines(ws_x, y, dash="imbalance_of"))]
-        title, caption = "Per-rank imbalance", "Solid/dashed: time and attended area of the slowest / largest rank over the mean rank."
+        title, caption = (
+            "Per-rank imbalance",
+            "Solid/dashed: time and attended area of the slowest / largest rank over the mean rank.",
+        )
     chart, values = _layered_facet(layers, row="mask", column="pass")
-    return ChartSpec(id=f"cp-{kind}", title=title, chart=chart, values=values, data=df,
-                     machines=queries.machines(df), caption=caption, query="status ok, world_size > 1")
+    return ChartSpec(
+        id=f"cp-{kind}",
+        title=title,
+        chart=chart,
+        values=values,
+        data=df,
+        machines=queries.machines(df),
+        caption=caption,
+        query="status ok, world_size > 1",
+    )
 
 
 def linear_chart(series: pl.DataFrame, crossovers: pl.DataFrame) -> ChartSpec | None:
@@ -347,18 +512,27 @@ def linear_chart(series: pl.DataFrame, crossovers: pl.DataFrame) -> ChartSpec | 
     # kernels overtake at the same length; the table below the chart names each crossover).
     marks = crossovers.filter(pl.col("crossover").is_not_null()).with_columns(series=pl.col("kernel"))
     if marks.height:
+
         def rule(base: alt.Chart) -> alt.Chart:
             return base.mark_rule(strokeDash=[4, 3], strokeWidth=1.5, tooltip=TOOLTIP_ALL).encode(
-                x=alt.X("crossover:Q", title="sequence length (tokens)"), color=alt.Color("series:N", title=None))
+                x=alt.X("crossover:Q", title="sequence length (tokens)"), color=alt.Color("series:N", title=None)
+            )
+
         layers += [("crossover", marks, rule)]
     chart, values = _layered_facet(layers, row="group", column=None)
-    return ChartSpec(id="linear-tokens", title="Linear attention against the best softmax kernel",
-                     chart=chart, values=values, data=series,
-                     machines=queries.machines(series), query="status ok, world_size 1, kernel_family linear, "
-                     "and the best softmax kernel on the same mask, pass and shape",
-                     caption="Tokens/s against length; a dashed rule in a kernel's colour marks the first measured "
-                             "length from which that linear kernel stays ahead of the best softmax kernel (the "
-                             "fastest softmax kernel per length, at lengths where every softmax kernel has a row).")
+    return ChartSpec(
+        id="linear-tokens",
+        title="Linear attention against the best softmax kernel",
+        chart=chart,
+        values=values,
+        data=series,
+        machines=queries.machines(series),
+        query="status ok, world_size 1, kernel_family linear, "
+        "and the best softmax kernel on the same mask, pass and shape",
+        caption="Tokens/s against length; a dashed rule in a kernel's colour marks the first measured "
+        "length from which that linear kernel stays ahead of the best softmax kernel (the "
+        "fastest softmax kernel per length, at lengths where every softmax kernel has a row).",
+    )
 
 
 def shape_chart(study: pl.DataFrame) -> ChartSpec | None:
@@ -366,28 +540,54 @@ def shape_chart(study: pl.DataFrame) -> ChartSpec | None:
     machine when several), columns: pass."""
     if study.is_empty():
         return None
-    length = pl.when(pl.col("seqlen_q") >= 1024).then(pl.format("{}K", pl.col("seqlen_q") // 1024)) \
+    length = (
+        pl.when(pl.col("seqlen_q") >= 1024)
+        .then(pl.format("{}K", pl.col("seqlen_q") // 1024))
         .otherwise(pl.col("seqlen_q").cast(pl.String))
-    variant = pl.when(pl.col("mask_variant").is_null() | (pl.col("mask_variant") == "default")).then(pl.lit("")) \
+    )
+    variant = (
+        pl.when(pl.col("mask_variant").is_null() | (pl.col("mask_variant") == "default"))
+        .then(pl.lit(""))
         .otherwise(pl.format(" ({})", pl.col("mask_variant")))
-    parts = [pl.col("mask"), variant, pl.lit(" · "), pl.col("attn"), pl.lit(" "), pl.col("heads_q").cast(pl.String),
-             pl.lit(":"), pl.col("heads_kv").cast(pl.String), pl.lit(" · S="), length]
+    )
+    parts = [
+        pl.col("mask"),
+        variant,
+        pl.lit(" · "),
+        pl.col("attn"),
+        pl.lit(" "),
+        pl.col("heads_q").cast(pl.String),
+        pl.lit(":"),
+        pl.col("heads_kv").cast(pl.String),
+        pl.lit(" · S="),
+        length,
+    ]
     if study.get_column("machine").n_unique() > 1:
         parts += [pl.lit(" on "), pl.col("machine")]
     df = study.with_columns(group=pl.concat_str(parts), series=pl.col("kernel")).sort("group", "series", "head_dim")
-    order = (df.sort("mask", "mask_variant", "attn", "heads_q", "heads_kv", "seqlen_q", "machine", nulls_last=True)
-             .get_column("group").unique(maintain_order=True).to_list())
+    order = (
+        df.sort("mask", "mask_variant", "attn", "heads_q", "heads_kv", "seqlen_q", "machine", nulls_last=True)
+        .get_column("group")
+        .unique(maintain_order=True)
+        .to_list()
+    )
     x = alt.X("head_dim:O", title="head dim", sort="ascending", axis=alt.Axis(labelAngle=0))
     y = alt.Y("tflops:Q", title="TFLOP/s (exact mask area)")
-    chart, values = _layered_facet([("measured", df, _lines(x, y, dash="dtype", dash_shapes=True))], row="group",
-                                    column="pass", row_order=order)
-    return ChartSpec(id="shapes-head-dim", title="Head dim and dtype: throughput by head dim, one panel per length",
-                     chart=chart.properties(title="TFLOP/s (exact mask area) by head dim"), values=values, data=df,
-                     machines=queries.machines(df),
-                     query="status ok, world_size 1, softmax; cells of one kernel, mask, pass, length and heads "
-                           "at several (head dim, dtype), at the lengths with the most such variants",
-                     caption="A line per kernel (colour) and dtype (dash and point shape) across head dims; each panel holds one "
-                             "mask, head counts and length. Click a legend entry to pick kernels.")
+    chart, values = _layered_facet(
+        [("measured", df, _lines(x, y, dash="dtype", dash_shapes=True))], row="group", column="pass", row_order=order
+    )
+    return ChartSpec(
+        id="shapes-head-dim",
+        title="Head dim and dtype: throughput by head dim, one panel per length",
+        chart=chart.properties(title="TFLOP/s (exact mask area) by head dim"),
+        values=values,
+        data=df,
+        machines=queries.machines(df),
+        query="status ok, world_size 1, softmax; cells of one kernel, mask, pass, length and heads "
+        "at several (head dim, dtype), at the lengths with the most such variants",
+        caption="A line per kernel (colour) and dtype (dash and point shape) across head dims; each panel holds one "
+        "mask, head counts and length. Click a legend entry to pick kernels.",
+    )
 
 
 def slug(text: str) -> str:

@@ -29,7 +29,8 @@ def csv_safe(df: pl.DataFrame) -> pl.DataFrame:
     nested = [c for c, t in df.schema.items() if isinstance(t, (pl.List, pl.Array))]
     return df.with_columns(
         pl.concat_str([pl.lit("["), pl.col(c).cast(pl.List(pl.String)).list.join(", "), pl.lit("]")]).alias(c)
-        for c in nested)
+        for c in nested
+    )
 
 
 def bundle_cache() -> Path:
@@ -47,8 +48,14 @@ def _shares(jobs: list[tuple[int, str]], n: int, first_load: int) -> list[list[s
     return shares
 
 
-def export(charts: Iterable[ChartSpec], specs: dict[str, dict[str, Any]], out: Path, png: bool = True,
-           workers: int | None = None, charts_too: bool = True) -> None:
+def export(
+    charts: Iterable[ChartSpec],
+    specs: dict[str, dict[str, Any]],
+    out: Path,
+    png: bool = True,
+    workers: int | None = None,
+    charts_too: bool = True,
+) -> None:
     """Write assets/vega-bundle.js and, with `charts_too`, charts/<id>.{vl.json,csv,svg,png} for each chart."""
     d = out / "charts"
     (out / "assets").mkdir(parents=True, exist_ok=True)
@@ -74,10 +81,24 @@ def export(charts: Iterable[ChartSpec], specs: dict[str, dict[str, Any]], out: P
             if not share and not (i == 0 and need_bundle):
                 continue
             job = Path(tmp) / f"job{i}.json"
-            job.write_text(json.dumps({"vl_version": vl_version(), "png": png, "charts": share,
-                                       "bundle": str(tmp_bundle) if (i == 0 and need_bundle) else None}))
-            procs.append(subprocess.Popen([sys.executable, "-m", "longca.report.render", str(job)],
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+            job.write_text(
+                json.dumps(
+                    {
+                        "vl_version": vl_version(),
+                        "png": png,
+                        "charts": share,
+                        "bundle": str(tmp_bundle) if (i == 0 and need_bundle) else None,
+                    }
+                )
+            )
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "longca.report.render", str(job)],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
         failures = []
         for p in procs:
             _, err = p.communicate()

@@ -12,18 +12,34 @@ import polars as pl
 
 GOAL = 0.03  # longca's figure within 3% of do_bench's (docs/measurement.md)
 
-COLUMNS = ["source", "device", "protocol", "kernel", "mask", "heads", "seqlen", "rounds", "longca_ms",
-           "do_bench_ms", "ratio", "worst_round", "matched_ratio", "within_goal"]
+COLUMNS = [
+    "source",
+    "device",
+    "protocol",
+    "kernel",
+    "mask",
+    "heads",
+    "seqlen",
+    "rounds",
+    "longca_ms",
+    "do_bench_ms",
+    "ratio",
+    "worst_round",
+    "matched_ratio",
+    "within_goal",
+]
 
 
 def protocol_label(protocol: dict | None) -> str:
     """How longca's timer ran: the fixed 5 + 20 calls of the first checks, or a sweep's protocol."""
     if not protocol:
         return "fixed: 5 warm-up, 20 timed calls"
-    warm = (f"warm-up cut at {protocol['warmup_s'] * 1000:g} ms" if protocol.get("warmup_s")
-            else f"{protocol.get('warmup', 0)} warm-up calls")
-    return (f"{warm}, {protocol.get('min_iters')}-{protocol.get('iters')} timed calls "
-            f"in {protocol.get('budget_s'):g} s")
+    warm = (
+        f"warm-up cut at {protocol['warmup_s'] * 1000:g} ms"
+        if protocol.get("warmup_s")
+        else f"{protocol.get('warmup', 0)} warm-up calls"
+    )
+    return f"{warm}, {protocol.get('min_iters')}-{protocol.get('iters')} timed calls in {protocol.get('budget_s'):g} s"
 
 
 def load_checks(paths: Sequence[str | Path], shown: dict[Path, str] | None = None) -> pl.DataFrame:
@@ -35,16 +51,25 @@ def load_checks(paths: Sequence[str | Path], shown: dict[Path, str] | None = Non
             ratios = case.get("ratios") or ([case["ratio"]] if "ratio" in case else [])
             worst = max(ratios, key=lambda r: abs(r - 1.0)) if ratios else None
             ratio = case.get("ratio")
-            rows.append({
-                "source": (shown or {}).get(path, str(path)), "device": case.get("device"),
-                "protocol": protocol_label(case.get("protocol")), "kernel": case.get("kernel"),
-                "mask": case.get("mask"), "heads": case.get("heads"), "seqlen": case.get("seqlen"),
-                "rounds": len(ratios) or None, "longca_ms": case.get("longca_median_ms"),
-                "do_bench_ms": case.get("do_bench_median_ms"), "ratio": ratio, "worst_round": worst,
-                "matched_ratio": case.get("matched_ratio"),
-                "within_goal": None if ratio is None else ("yes" if abs(ratio - 1.0) <= GOAL else "no"),
-                "error": case.get("error"),
-            })
+            rows.append(
+                {
+                    "source": (shown or {}).get(path, str(path)),
+                    "device": case.get("device"),
+                    "protocol": protocol_label(case.get("protocol")),
+                    "kernel": case.get("kernel"),
+                    "mask": case.get("mask"),
+                    "heads": case.get("heads"),
+                    "seqlen": case.get("seqlen"),
+                    "rounds": len(ratios) or None,
+                    "longca_ms": case.get("longca_median_ms"),
+                    "do_bench_ms": case.get("do_bench_median_ms"),
+                    "ratio": ratio,
+                    "worst_round": worst,
+                    "matched_ratio": case.get("matched_ratio"),
+                    "within_goal": None if ratio is None else ("yes" if abs(ratio - 1.0) <= GOAL else "no"),
+                    "error": case.get("error"),
+                }
+            )
     schema = {c: pl.String for c in ("source", "device", "protocol", "kernel", "mask", "heads", "within_goal", "error")}
     schema |= {"seqlen": pl.Int64, "rounds": pl.Int64}
     schema |= {c: pl.Float64 for c in ("longca_ms", "do_bench_ms", "ratio", "worst_round", "matched_ratio")}
@@ -62,6 +87,7 @@ def summary(checks: pl.DataFrame) -> str:
         met = ok.filter(pl.col("within_goal") == "yes").height
         lo, hi = ok.get_column("ratio").min(), ok.get_column("ratio").max()
         med = statistics.median(ok.get_column("ratio").to_list())
-        parts.append(f"{source}: {met} of {ok.height} cases within {GOAL:.0%} "
-                     f"(ratios {lo:.4f}-{hi:.4f}, median {med:.4f}).")
+        parts.append(
+            f"{source}: {met} of {ok.height} cases within {GOAL:.0%} (ratios {lo:.4f}-{hi:.4f}, median {med:.4f})."
+        )
     return " ".join(parts)

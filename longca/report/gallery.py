@@ -123,7 +123,10 @@ def _captions(index: Path) -> dict[str, str]:
     out = {}
     for e in entries if isinstance(entries, list) else []:
         if isinstance(e, dict) and "name" in e:
-            extra = ", ".join(f"{k} {e[k]:.3g}" if isinstance(e[k], float) else f"{k} {e[k]}"
-                              for k in ("seqlen", "density") if e.get(k) is not None)
+            extra = ", ".join(
+                f"{k} {e[k]:.3g}" if isinstance(e[k], float) else f"{k} {e[k]}"
+                for k in ("seqlen", "density")
+                if e.get(k) is not None
+            )
             out[str(e["name"])] = f"{e['name']}: {e.get('description', '')}" + (f" ({extra})" if extra else "")
     return out

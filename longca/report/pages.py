@@ -106,15 +106,20 @@ _ENV = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, tri
 _TEMPLATE = _ENV.from_string(TEMPLATE)
 
 
-def render(page: Page, nav: list[Page], site_title: str, specs: dict[str, dict[str, Any]],
-           static_exports: bool) -> str:
+def render(page: Page, nav: list[Page], site_title: str, specs: dict[str, dict[str, Any]], static_exports: bool) -> str:
     """One page; `specs` without their rows (the page's script takes them from assets/data.js)."""
     shown = {c.id: script_json({k: v for k, v in specs[c.id].items() if k != "datasets"}) for c in page.charts()}
     return _TEMPLATE.render(page=page, nav=nav, site_title=site_title, specs=shown, static_exports=static_exports)
 
 
-def write(pages: list[Page], out: Path, site_title: str, specs: dict[str, dict[str, Any]],
-          static_exports: bool, nav: list[Page] | None = None) -> list[Path]:
+def write(
+    pages: list[Page],
+    out: Path,
+    site_title: str,
+    specs: dict[str, dict[str, Any]],
+    static_exports: bool,
+    nav: list[Page] | None = None,
+) -> list[Path]:
     """Write `pages` under `out`, each with the navigation bar of `nav` (default: `pages`)."""
     paths = []
     for page in pages:

@@ -16,31 +16,110 @@ _STATUS_RANK = {"ok": 0, "unsupported": 1, "oom": 2, "timeout": 3, "incorrect": 
 _RANK_STATUS = {v: k for k, v in _STATUS_RANK.items()}
 
 # fields that define a cell when a row carries neither cell_digest nor cell_id
-_DEFINING = ("spec", "sweep", "kernel", "pass", "batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv",
-             "head_dim", "head_dim_v", "dtype", "layout", "mask", "distribution", "block_size",
-             "score_source", "world_size", "cp_mechanism", "cp_degrees", "cp_balance")
-_FIRST = ("spec", "sweep", "cell_id", "kernel", "kernel_family", "pass", "batch", "seqlen_q", "seqlen_k",
-          "heads_q", "heads_kv", "head_dim", "head_dim_v", "dtype", "layout", "mask", "mask_family",
-          "mask_variant", "mask_form", "distribution", "block_size", "score_source", "variable_blocks", "world_size",
-          "cp_mechanism", "cp_degrees", "cp_balance", "backend", "device", "device_name", "host", "attn",
-          "shape", "machine", "mask_samples", "timer", "flop_model")
-_MEDIAN = ("tflops", "tokens_per_s", "median_ms", "p20_ms", "p80_ms", "flops", "mask_area", "density",
-           "comm_exposed_ms", "comm_share", "imbalance_time", "imbalance_area", "rel_err_out")
+_DEFINING = (
+    "spec",
+    "sweep",
+    "kernel",
+    "pass",
+    "batch",
+    "seqlen_q",
+    "seqlen_k",
+    "heads_q",
+    "heads_kv",
+    "head_dim",
+    "head_dim_v",
+    "dtype",
+    "layout",
+    "mask",
+    "distribution",
+    "block_size",
+    "score_source",
+    "world_size",
+    "cp_mechanism",
+    "cp_degrees",
+    "cp_balance",
+)
+_FIRST = (
+    "spec",
+    "sweep",
+    "cell_id",
+    "kernel",
+    "kernel_family",
+    "pass",
+    "batch",
+    "seqlen_q",
+    "seqlen_k",
+    "heads_q",
+    "heads_kv",
+    "head_dim",
+    "head_dim_v",
+    "dtype",
+    "layout",
+    "mask",
+    "mask_family",
+    "mask_variant",
+    "mask_form",
+    "distribution",
+    "block_size",
+    "score_source",
+    "variable_blocks",
+    "world_size",
+    "cp_mechanism",
+    "cp_degrees",
+    "cp_balance",
+    "backend",
+    "device",
+    "device_name",
+    "host",
+    "attn",
+    "shape",
+    "machine",
+    "mask_samples",
+    "timer",
+    "flop_model",
+)
+_MEDIAN = (
+    "tflops",
+    "tokens_per_s",
+    "median_ms",
+    "p20_ms",
+    "p80_ms",
+    "flops",
+    "mask_area",
+    "density",
+    "comm_exposed_ms",
+    "comm_share",
+    "imbalance_time",
+    "imbalance_area",
+    "rel_err_out",
+)
 
 
 def _machine() -> pl.Expr:
     """'device @ host': what keeps one cell's rows from different machines apart."""
-    return pl.concat_str([pl.col("device_name").fill_null("unknown device"), pl.lit(" @ "),
-                          pl.col("host").fill_null("unknown host")])
+    return pl.concat_str(
+        [pl.col("device_name").fill_null("unknown device"), pl.lit(" @ "), pl.col("host").fill_null("unknown host")]
+    )
 
 
 def derive(rows: pl.DataFrame) -> pl.DataFrame:
     """Per-row columns the charts group by: attention type, shape label, machine, cell key, CP ratios."""
     hq, hkv = pl.col("heads_q"), pl.col("heads_kv")
     attn = pl.when(hq == hkv).then(pl.lit("MHA")).when(hkv == 1).then(pl.lit("MQA")).otherwise(pl.lit("GQA"))
-    shape = pl.concat_str([attn, pl.lit(" "), hq.cast(pl.String), pl.lit(":"), hkv.cast(pl.String),
-                           pl.lit(" D="), pl.col("head_dim").cast(pl.String), pl.lit(" "), pl.col("dtype")],
-                          ignore_nulls=True)
+    shape = pl.concat_str(
+        [
+            attn,
+            pl.lit(" "),
+            hq.cast(pl.String),
+            pl.lit(":"),
+            hkv.cast(pl.String),
+            pl.lit(" D="),
+            pl.col("head_dim").cast(pl.String),
+            pl.lit(" "),
+            pl.col("dtype"),
+        ],
+        ignore_nulls=True,
+    )
     machine = _machine()
     fallback = pl.concat_str([pl.col(c).cast(pl.String).fill_null("") for c in _DEFINING], separator="|")
     rank_ms, rank_area = pl.col("rank_ms"), pl.col("rank_area").cast(pl.List(pl.Float64))
@@ -72,8 +151,11 @@ def supersede(rows: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
         _when=pl.col("timestamp").max().over("cell_digest"),
     )
     keyed = pl.col("cell_id").is_not_null() & pl.col("cell_digest").is_not_null()
-    latest = (d.filter(keyed).group_by("spec", "sweep", "_ident", "_machine")
-              .agg(pl.col("cell_digest").sort_by("_when").last().alias("_keep")))
+    latest = (
+        d.filter(keyed)
+        .group_by("spec", "sweep", "_ident", "_machine")
+        .agg(pl.col("cell_digest").sort_by("_when").last().alias("_keep"))
+    )
     d = d.join(latest, on=["spec", "sweep", "_ident", "_machine"], how="left")
     old = keyed & pl.col("_keep").is_not_null() & (pl.col("cell_digest") != pl.col("_keep"))
     helpers = ["_ident", "_machine", "_when", "_keep"]
@@ -85,10 +167,14 @@ def outside_spec(rows: pl.DataFrame, spec_name: str, digests: set[str]) -> pl.Da
     under an earlier version of it (a changed protocol not yet measured again, or a cell it dropped)."""
     if rows.height == 0 or "cell_digest" not in rows.columns:
         return pl.DataFrame(schema={"sweep": pl.String, "cells": pl.UInt32, "rows": pl.UInt32})
-    d = rows.filter((pl.col("spec") == spec_name) & pl.col("cell_digest").is_not_null()
-                    & ~pl.col("cell_digest").is_in(list(digests)))
-    return (d.group_by("sweep").agg(pl.col("cell_digest").n_unique().alias("cells"), pl.len().alias("rows"))
-            .sort("sweep"))
+    d = rows.filter(
+        (pl.col("spec") == spec_name)
+        & pl.col("cell_digest").is_not_null()
+        & ~pl.col("cell_digest").is_in(list(digests))
+    )
+    return (
+        d.group_by("sweep").agg(pl.col("cell_digest").n_unique().alias("cells"), pl.len().alias("rows")).sort("sweep")
+    )
 
 
 def cells(rows: pl.DataFrame) -> pl.DataFrame:
@@ -107,8 +193,10 @@ def cells(rows: pl.DataFrame) -> pl.DataFrame:
             pl.col("reason").drop_nulls().first().alias("reason"),
             pl.col("run_id").drop_nulls().unique().sort().str.join(", ").alias("run_ids"),
         )
-        .with_columns(status=pl.col("worst").replace_strict(_RANK_STATUS, return_dtype=pl.String),
-                      peak_mem_gib=pl.col("peak_mem_bytes") / 2**30)
+        .with_columns(
+            status=pl.col("worst").replace_strict(_RANK_STATUS, return_dtype=pl.String),
+            peak_mem_gib=pl.col("peak_mem_bytes") / 2**30,
+        )
         .drop("worst")
         # the same rows in any file order give the same tables, chart data and downloads
         .sort("cell_key", "machine")
@@ -121,8 +209,9 @@ def ok_cells(c: pl.DataFrame) -> pl.DataFrame:
 
 def _dense_softmax(c: pl.DataFrame) -> pl.DataFrame:
     """Single-device softmax kernels on the 12 non-sparse masks: what the per-mask pages compare."""
-    return c.filter((pl.col("world_size") == 1) & (pl.col("kernel_family") != "linear")
-                    & ~pl.col("mask").is_in(SPARSE_MASKS))
+    return c.filter(
+        (pl.col("world_size") == 1) & (pl.col("kernel_family") != "linear") & ~pl.col("mask").is_in(SPARSE_MASKS)
+    )
 
 
 def mask_cells(c: pl.DataFrame) -> pl.DataFrame:
@@ -136,8 +225,7 @@ def masks_with_rows(c: pl.DataFrame) -> list[str]:
 
 # what stays fixed while a shape study varies head dim and dtype; a sampled mask's cells compare only
 # at the same number of draws (draw i is the same mask in every sweep of a spec: seed and index)
-_SHAPE_FIXED = ["kernel", "mask", "mask_variant", "mask_samples", "pass", "seqlen_q", "heads_q", "heads_kv",
-                "machine"]
+_SHAPE_FIXED = ["kernel", "mask", "mask_variant", "mask_samples", "pass", "seqlen_q", "heads_q", "heads_kv", "machine"]
 _VARIANT = pl.struct("head_dim", "dtype")
 
 
@@ -162,8 +250,11 @@ def shape_study(c: pl.DataFrame) -> pl.DataFrame:
         return ok.drop("_variants")
     per_length = ok.group_by("machine", "seqlen_q").agg(_VARIANT.n_unique().alias("_n"))
     chosen = per_length.filter(pl.col("_n") == pl.col("_n").max().over("machine")).select("machine", "seqlen_q")
-    return (ok.join(chosen, on=["machine", "seqlen_q"], how="semi").drop("_variants")
-            .sort([*_SHAPE_FIXED, "head_dim", "dtype"], nulls_last=True))
+    return (
+        ok.join(chosen, on=["machine", "seqlen_q"], how="semi")
+        .drop("_variants")
+        .sort([*_SHAPE_FIXED, "head_dim", "dtype"], nulls_last=True)
+    )
 
 
 def shape_table(study: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
@@ -171,9 +262,11 @@ def shape_table(study: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
     dtype) in head-dim order, empty where that variant has no ok cell; the sweeps that measured it."""
     if study.is_empty():
         return study, []
-    d = study.with_columns(variant=pl.format("D={} {}", "head_dim", "dtype"),
-                           mask_variant=pl.col("mask_variant").fill_null(""),  # keys: never null
-                           mask_samples=pl.col("mask_samples").fill_null(1))
+    d = study.with_columns(
+        variant=pl.format("D={} {}", "head_dim", "dtype"),
+        mask_variant=pl.col("mask_variant").fill_null(""),  # keys: never null
+        mask_samples=pl.col("mask_samples").fill_null(1),
+    )
     order = d.select("head_dim", "dtype", "variant").unique().sort("head_dim", "dtype").get_column("variant").to_list()
     keys = [k for k in _SHAPE_FIXED if k not in ("mask_variant", "mask_samples")] + ["mask_variant", "mask_samples"]
     wide = d.pivot(on="variant", index=keys, values="tflops", aggregate_function="max")
@@ -185,8 +278,7 @@ def shape_table(study: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
 def best_kernel(c: pl.DataFrame) -> pl.DataFrame:
     """The fastest ok kernel per (mask, pass, length, shape, machine)."""
     keys = ["mask", "pass", "seqlen_q", "shape", "machine"]
-    return (mask_cells(c).sort("tflops", descending=True).group_by(keys, maintain_order=True).first()
-            .sort(keys))
+    return mask_cells(c).sort("tflops", descending=True).group_by(keys, maintain_order=True).first().sort(keys)
 
 
 def fraction_of_full(best: pl.DataFrame, cells: pl.DataFrame | None = None) -> pl.DataFrame:
@@ -206,38 +298,58 @@ def fraction_of_full(best: pl.DataFrame, cells: pl.DataFrame | None = None) -> p
         lacking = expected.join(present, on=[*keys, "kernel"], how="anti").select(keys).unique()
         best = best.join(lacking, on=keys, how="anti")
     full = best.filter(pl.col("mask") == "full").select(
-        *keys, full_kernel=pl.col("kernel"), full_tflops=pl.col("tflops"))
-    return (best.join(full, on=keys, how="inner")
-            .with_columns(fraction=pl.col("tflops") / pl.col("full_tflops")).sort("mask", *keys))
+        *keys, full_kernel=pl.col("kernel"), full_tflops=pl.col("tflops")
+    )
+    return (
+        best.join(full, on=keys, how="inner")
+        .with_columns(fraction=pl.col("tflops") / pl.col("full_tflops"))
+        .sort("mask", *keys)
+    )
 
 
 def support_matrix(c: pl.DataFrame) -> pl.DataFrame:
     """Kernel x mask from measured single-device statuses (the paper's Table 1, measured)."""
     s = pl.col("status")
-    m = (c.filter(pl.col("world_size") == 1).group_by("kernel", "mask")
-         .agg(n=pl.len(), ok=(s == "ok").sum(), unsupported=(s == "unsupported").sum(),
-              oom=(s == "oom").sum(), failed=s.is_in(FAILED).sum()))
-    category = (pl.when(pl.col("ok") == pl.col("n")).then(pl.lit("supported"))
-                .when(pl.col("failed") > 0).then(pl.lit("failed (error/incorrect/timeout)"))
-                .when(pl.col("unsupported") == pl.col("n")).then(pl.lit("unsupported"))
-                .when(pl.col("oom") == pl.col("n")).then(pl.lit("OOM"))
-                .when((pl.col("ok") > 0) & (pl.col("unsupported") == 0)).then(pl.lit("OOM at some sizes"))
-                .otherwise(pl.lit("partly unsupported")))
-    return m.with_columns(category=category,
-                          label=pl.concat_str([pl.col("ok").cast(pl.String), pl.lit("/"),
-                                               pl.col("n").cast(pl.String), pl.lit(" ok")])
-                          ).sort("kernel", "mask")
+    m = (
+        c.filter(pl.col("world_size") == 1)
+        .group_by("kernel", "mask")
+        .agg(
+            n=pl.len(),
+            ok=(s == "ok").sum(),
+            unsupported=(s == "unsupported").sum(),
+            oom=(s == "oom").sum(),
+            failed=s.is_in(FAILED).sum(),
+        )
+    )
+    category = (
+        pl.when(pl.col("ok") == pl.col("n"))
+        .then(pl.lit("supported"))
+        .when(pl.col("failed") > 0)
+        .then(pl.lit("failed (error/incorrect/timeout)"))
+        .when(pl.col("unsupported") == pl.col("n"))
+        .then(pl.lit("unsupported"))
+        .when(pl.col("oom") == pl.col("n"))
+        .then(pl.lit("OOM"))
+        .when((pl.col("ok") > 0) & (pl.col("unsupported") == 0))
+        .then(pl.lit("OOM at some sizes"))
+        .otherwise(pl.lit("partly unsupported"))
+    )
+    return m.with_columns(
+        category=category,
+        label=pl.concat_str([pl.col("ok").cast(pl.String), pl.lit("/"), pl.col("n").cast(pl.String), pl.lit(" ok")]),
+    ).sort("kernel", "mask")
 
 
 def non_ok(rows: pl.DataFrame, c: pl.DataFrame) -> pl.DataFrame:
     """Every non-ok row, one line per (cell, machine, status, reason) with its row count."""
     keys = ["cell_key", "machine", "status", "reason"]
-    shown = ["cell_id", "kernel", "mask", "pass", "seqlen_q", "batch", "shape", "world_size", "cp_mechanism",
-             "run_id"]
+    shown = ["cell_id", "kernel", "mask", "pass", "seqlen_q", "batch", "shape", "world_size", "cp_mechanism", "run_id"]
     bad = derive(rows).filter(pl.col("status") != "ok")
-    return (bad.group_by(keys, maintain_order=True)
-            .agg(*[pl.col(k).first() for k in shown], rows=pl.len())
-            .sort("status", "kernel", "mask", "pass", "seqlen_q", nulls_last=True))
+    return (
+        bad.group_by(keys, maintain_order=True)
+        .agg(*[pl.col(k).first() for k in shown], rows=pl.len())
+        .sort("status", "kernel", "mask", "pass", "seqlen_q", nulls_last=True)
+    )
 
 
 def partly_failed(c: pl.DataFrame) -> int:
@@ -246,8 +358,9 @@ def partly_failed(c: pl.DataFrame) -> int:
 
 
 def sparse_cells(c: pl.DataFrame) -> pl.DataFrame:
-    return ok_cells(c).filter((pl.col("world_size") == 1) & pl.col("mask").is_in(SPARSE_MASKS)
-                              & pl.col("tflops").is_not_null())
+    return ok_cells(c).filter(
+        (pl.col("world_size") == 1) & pl.col("mask").is_in(SPARSE_MASKS) & pl.col("tflops").is_not_null()
+    )
 
 
 def cp_cells(c: pl.DataFrame) -> pl.DataFrame:
@@ -257,9 +370,9 @@ def cp_cells(c: pl.DataFrame) -> pl.DataFrame:
 def _cell_times(d: pl.DataFrame, **more: pl.Expr) -> pl.DataFrame:
     """One row per (spec, sweep, cell, machine): summed timed samples and the cell's wall (its rows
     share one wall clock), plus `more` aggregations."""
-    return (d.group_by("spec", "sweep", "cell_key", "machine")
-            .agg(timed_s=pl.col("samples_ms").list.sum().fill_null(0).sum() / 1000,
-                 wall_s=pl.col("cell_wall_s").max(), **more))
+    return d.group_by("spec", "sweep", "cell_key", "machine").agg(
+        timed_s=pl.col("samples_ms").list.sum().fill_null(0).sum() / 1000, wall_s=pl.col("cell_wall_s").max(), **more
+    )
 
 
 def measurement_time(rows: pl.DataFrame) -> pl.DataFrame:
@@ -268,10 +381,12 @@ def measurement_time(rows: pl.DataFrame) -> pl.DataFrame:
     Process start-up and scheduling between cells are outside every cell's wall, so a sweep's true
     ratio is lower than `timed_share`. `measurement_phases` splits the wall of cells that record phases."""
     per_cell = _cell_times(derive(rows).filter(pl.col("cell_wall_s").is_not_null()))
-    return (per_cell.group_by("spec", "sweep")
-            .agg(cells=pl.len(), timed_s=pl.col("timed_s").sum(), wall_s=pl.col("wall_s").sum())
-            .with_columns(timed_share=pl.col("timed_s") / pl.col("wall_s"))
-            .sort("spec", "sweep"))
+    return (
+        per_cell.group_by("spec", "sweep")
+        .agg(cells=pl.len(), timed_s=pl.col("timed_s").sum(), wall_s=pl.col("wall_s").sum())
+        .with_columns(timed_share=pl.col("timed_s") / pl.col("wall_s"))
+        .sort("spec", "sweep")
+    )
 
 
 PHASES = ("timed", "warmup", "other_timer", "check", "compile", "mask_build", "cooldown", "rest")
@@ -293,28 +408,48 @@ def measurement_phases(rows: pl.DataFrame) -> pl.DataFrame:
     n = lambda c: pl.col(c).fill_null(0.0)  # noqa: E731 - a row without a phase spent no time in it
     d = derive(rows).filter(pl.col("cell_wall_s").is_not_null() & (pl.col("schema_version").fill_null(1) >= 2))
     inside = pl.min_horizontal(n("compile_s"), n("warmup_s"))
-    per_cell = _cell_times(d, check_s=n("check_s").max(),  # the cell's, repeated on each row
-                           timer_s=n("timer_wall_s").sum(),
-                           warmup_all_s=n("warmup_s").sum(),
-                           compile_s=n("compile_s").sum(),
-                           compile_in_s=inside.sum(),
-                           mask_build_s=n("mask_build_s").sum(),
-                           cooldown_s=n("cooldown_s").sum())
+    per_cell = _cell_times(
+        d,
+        check_s=n("check_s").max(),  # the cell's, repeated on each row
+        timer_s=n("timer_wall_s").sum(),
+        warmup_all_s=n("warmup_s").sum(),
+        compile_s=n("compile_s").sum(),
+        compile_in_s=inside.sum(),
+        mask_build_s=n("mask_build_s").sum(),
+        cooldown_s=n("cooldown_s").sum(),
+    )
     per_cell = per_cell.with_columns(
         warmup_s=pl.col("warmup_all_s") - pl.col("compile_in_s"),
         other_timer_s=pl.col("timer_s") - pl.col("warmup_all_s") - pl.col("timed_s"),
-        rest_s=(pl.col("wall_s") - pl.col("timer_s") - pl.col("check_s") - pl.col("mask_build_s")
-                - pl.col("cooldown_s") - (pl.col("compile_s") - pl.col("compile_in_s"))))
-    out = (per_cell.group_by("spec", "sweep")
-           .agg(pl.len().alias("cells"), pl.col("wall_s").sum(), *[pl.col(f"{p}_s").sum() for p in PHASES])
-           .sort("spec", "sweep"))
+        rest_s=(
+            pl.col("wall_s")
+            - pl.col("timer_s")
+            - pl.col("check_s")
+            - pl.col("mask_build_s")
+            - pl.col("cooldown_s")
+            - (pl.col("compile_s") - pl.col("compile_in_s"))
+        ),
+    )
+    out = (
+        per_cell.group_by("spec", "sweep")
+        .agg(pl.len().alias("cells"), pl.col("wall_s").sum(), *[pl.col(f"{p}_s").sum() for p in PHASES])
+        .sort("spec", "sweep")
+    )
     return out.with_columns([(pl.col(f"{p}_s") / pl.col("wall_s")).alias(f"{p}_share") for p in PHASES])
 
 
 # NVML's clock event (throttle) reason bits, as longca.measure.env records them (hex of the mask)
-THROTTLE_REASONS = {0x1: "gpu_idle", 0x2: "applications_clocks", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
-                    0x10: "sync_boost", 0x20: "sw_thermal", 0x40: "hw_thermal", 0x80: "hw_power_brake",
-                    0x100: "display_clock"}
+THROTTLE_REASONS = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal",
+    0x40: "hw_thermal",
+    0x80: "hw_power_brake",
+    0x100: "display_clock",
+}
 
 
 def throttle_names(mask: str | None) -> list[str]:
@@ -340,15 +475,19 @@ def clocks(rows: pl.DataFrame) -> pl.DataFrame:
     if d.height == 0:
         return pl.DataFrame()
     d = d.with_columns(_names=pl.col("throttle_reasons").map_elements(throttle_names, return_dtype=pl.List(pl.String)))
-    return (d.group_by("spec", "sweep")
-            .agg(rows=pl.len(),
-                 start_mhz=pl.col("clock_start_mhz").median(),
-                 end_mhz=pl.col("clock_end_mhz").median(),
-                 end_p10_mhz=pl.col("clock_end_mhz").quantile(0.1, "nearest"),
-                 power_capped=pl.col("_names").list.contains("sw_power_cap").mean(),
-                 reasons=pl.col("_names").explode().drop_nulls().unique().sort().str.join(", "))
-            .with_columns(pl.col("start_mhz", "end_mhz").round(0).cast(pl.Int32))
-            .sort("spec", "sweep"))
+    return (
+        d.group_by("spec", "sweep")
+        .agg(
+            rows=pl.len(),
+            start_mhz=pl.col("clock_start_mhz").median(),
+            end_mhz=pl.col("clock_end_mhz").median(),
+            end_p10_mhz=pl.col("clock_end_mhz").quantile(0.1, "nearest"),
+            power_capped=pl.col("_names").list.contains("sw_power_cap").mean(),
+            reasons=pl.col("_names").explode().drop_nulls().unique().sort().str.join(", "),
+        )
+        .with_columns(pl.col("start_mhz", "end_mhz").round(0).cast(pl.Int32))
+        .sort("spec", "sweep")
+    )
 
 
 def cp_vs_single(c: pl.DataFrame) -> pl.DataFrame:
@@ -359,19 +498,40 @@ def cp_vs_single(c: pl.DataFrame) -> pl.DataFrame:
     whose rows name a tunable configuration in `backend` (the Triton kernel's tiles) is compared
     only at the same configuration, so a CP row that does not name its tiles has no match; CP cells
     without a match are left out."""
+
     def config(df: pl.DataFrame) -> pl.DataFrame:
         b = pl.col("backend").fill_null("")
-        return df.with_columns(config=pl.when(b.str.starts_with("triton tiles")).then(b)
-                               .when(pl.col("kernel") == "triton_block_sparse").then(pl.lit("unnamed tiles"))
-                               .otherwise(pl.lit("")))
+        return df.with_columns(
+            config=pl.when(b.str.starts_with("triton tiles"))
+            .then(b)
+            .when(pl.col("kernel") == "triton_block_sparse")
+            .then(pl.lit("unnamed tiles"))
+            .otherwise(pl.lit(""))
+        )
 
-    keys = ["kernel", "mask", "mask_variant", "pass", "heads_q", "heads_kv", "head_dim", "dtype", "device_name", "config"]
+    keys = [
+        "kernel",
+        "mask",
+        "mask_variant",
+        "pass",
+        "heads_q",
+        "heads_kv",
+        "head_dim",
+        "dtype",
+        "device_name",
+        "config",
+    ]
     cp = config(cp_cells(c)).with_columns(tokens_per_gpu=pl.col("seqlen_q") // pl.col("world_size"))
-    single = (config(ok_cells(c).filter((pl.col("world_size") == 1) & pl.col("tflops").is_not_null()))
-              .group_by(*keys, tokens_per_gpu=pl.col("seqlen_q")).agg(single_tflops=pl.col("tflops").median()))
-    return (cp.join(single, on=[*keys, "tokens_per_gpu"], how="inner", nulls_equal=True)
-            .with_columns(ratio=pl.col("tflops") / pl.col("single_tflops"))
-            .sort("mask", "heads_kv", "tokens_per_gpu", "pass", "world_size", "cp_mechanism", "cp_balance"))
+    single = (
+        config(ok_cells(c).filter((pl.col("world_size") == 1) & pl.col("tflops").is_not_null()))
+        .group_by(*keys, tokens_per_gpu=pl.col("seqlen_q"))
+        .agg(single_tflops=pl.col("tflops").median())
+    )
+    return (
+        cp.join(single, on=[*keys, "tokens_per_gpu"], how="inner", nulls_equal=True)
+        .with_columns(ratio=pl.col("tflops") / pl.col("single_tflops"))
+        .sort("mask", "heads_kv", "tokens_per_gpu", "pass", "world_size", "cp_mechanism", "cp_balance")
+    )
 
 
 DENSE_REFERENCE_KERNEL = "sdpa_cudnn"
@@ -386,13 +546,23 @@ def sparse_vs_dense(c: pl.DataFrame, dense_kernel: str = DENSE_REFERENCE_KERNEL)
     dense time / sparse time: what skipping blocks buys (at most 1 / density for a kernel that
     keeps the dense rate). Sparse cells without a dense match are left out."""
     keys = ["seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim", "dtype", "pass", "device_name"]
-    dense = (ok_cells(c).filter((pl.col("world_size") == 1) & (pl.col("kernel") == dense_kernel)
-                                & (pl.col("mask") == "full") & pl.col("tflops").is_not_null())
-             .group_by(keys).agg(dense_tflops=pl.col("tflops").median(), dense_ms=pl.col("median_ms").median()))
-    return (sparse_cells(c).join(dense, on=keys, how="inner", nulls_equal=True)
-            .with_columns(ratio=pl.col("tflops") / pl.col("dense_tflops"),
-                          speedup=pl.col("dense_ms") / pl.col("median_ms"))
-            .sort("kernel", "mask", "block_size", "density", "heads_kv", "seqlen_q", "pass", nulls_last=True))
+    dense = (
+        ok_cells(c)
+        .filter(
+            (pl.col("world_size") == 1)
+            & (pl.col("kernel") == dense_kernel)
+            & (pl.col("mask") == "full")
+            & pl.col("tflops").is_not_null()
+        )
+        .group_by(keys)
+        .agg(dense_tflops=pl.col("tflops").median(), dense_ms=pl.col("median_ms").median())
+    )
+    return (
+        sparse_cells(c)
+        .join(dense, on=keys, how="inner", nulls_equal=True)
+        .with_columns(ratio=pl.col("tflops") / pl.col("dense_tflops"), speedup=pl.col("dense_ms") / pl.col("median_ms"))
+        .sort("kernel", "mask", "block_size", "density", "heads_kv", "seqlen_q", "pass", nulls_last=True)
+    )
 
 
 def sparse_side_by_side(c: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
@@ -405,16 +575,23 @@ def sparse_side_by_side(c: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
     if d.is_empty():
         return d.clear(), []
     ok = pl.col("all_ok") & pl.col("tflops").is_not_null()
-    shown = d.with_columns(value=pl.when(ok).then(pl.col("tflops").round(1).cast(pl.String))
-                           .otherwise(pl.col("status")))
+    shown = d.with_columns(
+        value=pl.when(ok).then(pl.col("tflops").round(1).cast(pl.String)).otherwise(pl.col("status"))
+    )
     kernels = sorted(shown.get_column("kernel").unique().to_list())
     wide = shown.pivot(on="kernel", index=keys, values="value", aggregate_function="first")
     layout = d.group_by(keys).agg(pl.col("block_size").first(), pl.col("density").median())
-    best = (d.filter(ok).sort("tflops", descending=True).group_by(keys, maintain_order=True)
-            .agg(best=pl.col("kernel").first()))
-    table = (wide.join(layout, on=keys, how="left", nulls_equal=True)
-             .join(best, on=keys, how="left", nulls_equal=True)
-             .sort("mask", "block_size", "mask_variant", "heads_kv", "seqlen_q", "pass", nulls_last=True))
+    best = (
+        d.filter(ok)
+        .sort("tflops", descending=True)
+        .group_by(keys, maintain_order=True)
+        .agg(best=pl.col("kernel").first())
+    )
+    table = (
+        wide.join(layout, on=keys, how="left", nulls_equal=True)
+        .join(best, on=keys, how="left", nulls_equal=True)
+        .sort("mask", "block_size", "mask_variant", "heads_kv", "seqlen_q", "pass", nulls_last=True)
+    )
     return table.select(*keys, "block_size", "density", *kernels, "best"), kernels
 
 
@@ -424,62 +601,115 @@ def linear_vs_softmax(c: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     Returns (series, crossovers). The crossover is the first measured length from which the linear
     kernel stays ahead at every longer measured length; `below` is the length before it.
     The best softmax kernel is taken only at lengths where every softmax kernel that runs that mask
-    and shape has a row (ok, oom, error...; `unsupported` ones do not count): in a partly run sweep, a length where only a slow kernel has run
-    would otherwise show a collapse of "best softmax" that no measurement supports.
+    and shape has a row (ok, oom, error...; `unsupported` ones do not count): in a partly run sweep, a
+    length where only a slow kernel has run would otherwise show a collapse of "best softmax" that no
+    measurement supports.
     """
     keys = ["mask", "pass", "dtype", "heads_q", "heads_kv", "head_dim", "machine"]
     ok = ok_cells(c).filter((pl.col("world_size") == 1) & pl.col("tokens_per_s").is_not_null())
     lin = ok.filter(pl.col("kernel_family") == "linear")
-    tried = (_dense_softmax(c).filter(pl.col("status") != "unsupported")  # unsupported never runs anywhere
-             .group_by(*keys, "seqlen_q").agg(kernels=pl.col("kernel").n_unique()))
+    tried = (
+        _dense_softmax(c)
+        .filter(pl.col("status") != "unsupported")  # unsupported never runs anywhere
+        .group_by(*keys, "seqlen_q")
+        .agg(kernels=pl.col("kernel").n_unique())
+    )
     complete = tried.filter(pl.col("kernels") == pl.col("kernels").max().over(keys))
-    soft = (_dense_softmax(ok).join(complete.select(*keys, "seqlen_q"), on=[*keys, "seqlen_q"], how="semi")
-            .sort("tokens_per_s", descending=True)
-            .group_by(*keys, "seqlen_q", maintain_order=True).first())
+    soft = (
+        _dense_softmax(ok)
+        .join(complete.select(*keys, "seqlen_q"), on=[*keys, "seqlen_q"], how="semi")
+        .sort("tokens_per_s", descending=True)
+        .group_by(*keys, "seqlen_q", maintain_order=True)
+        .first()
+    )
     heads = pl.concat_str([pl.col("heads_q").cast(pl.String), pl.lit(":"), pl.col("heads_kv").cast(pl.String)])
-    group = pl.concat_str([pl.col("mask"), pl.lit(" "), pl.col("pass"), pl.lit(" H="), heads,
-                           pl.lit(" D="), pl.col("head_dim").cast(pl.String),
-                           pl.lit(" "), pl.col("dtype"), pl.lit(" on "), pl.col("machine")])
+    group = pl.concat_str(
+        [
+            pl.col("mask"),
+            pl.lit(" "),
+            pl.col("pass"),
+            pl.lit(" H="),
+            heads,
+            pl.lit(" D="),
+            pl.col("head_dim").cast(pl.String),
+            pl.lit(" "),
+            pl.col("dtype"),
+            pl.lit(" on "),
+            pl.col("machine"),
+        ]
+    )
     soft = soft.join(lin.select(keys).unique(), on=keys, how="semi")
     cols = [*keys, "seqlen_q", "tokens_per_s", "kernel", "kernel_family", "batch", "median_ms", "run_ids"]
-    series = pl.concat([
-        lin.select(cols).with_columns(series=pl.col("kernel")),
-        soft.select(cols).with_columns(series=pl.concat_str([pl.lit("best softmax")])),
-    ]).with_columns(group=group).sort("group", "series", "seqlen_q")
+    series = (
+        pl.concat(
+            [
+                lin.select(cols).with_columns(series=pl.col("kernel")),
+                soft.select(cols).with_columns(series=pl.concat_str([pl.lit("best softmax")])),
+            ]
+        )
+        .with_columns(group=group)
+        .sort("group", "series", "seqlen_q")
+    )
 
-    pairs = (lin.select(*keys, "seqlen_q", "kernel", lin_tps=pl.col("tokens_per_s"))
-             .join(soft.select(*keys, "seqlen_q", soft_tps=pl.col("tokens_per_s"), soft_kernel=pl.col("kernel")),
-                   on=[*keys, "seqlen_q"], how="inner")
-             .with_columns(group=group, ahead=pl.col("lin_tps") >= pl.col("soft_tps"))
-             .sort("group", "kernel", "seqlen_q"))
+    pairs = (
+        lin.select(*keys, "seqlen_q", "kernel", lin_tps=pl.col("tokens_per_s"))
+        .join(
+            soft.select(*keys, "seqlen_q", soft_tps=pl.col("tokens_per_s"), soft_kernel=pl.col("kernel")),
+            on=[*keys, "seqlen_q"],
+            how="inner",
+        )
+        .with_columns(group=group, ahead=pl.col("lin_tps") >= pl.col("soft_tps"))
+        .sort("group", "kernel", "seqlen_q")
+    )
     rows = []
     for (grp, kernel), p in pairs.group_by("group", "kernel", maintain_order=True):
         lengths, ahead = p.get_column("seqlen_q").to_list(), p.get_column("ahead").to_list()
         i = len(ahead)
         while i > 0 and ahead[i - 1]:
             i -= 1
-        rows.append({"group": grp, "kernel": kernel,
-                     "crossover": lengths[i] if i < len(lengths) else None,
-                     "below": lengths[i - 1] if 0 < i <= len(lengths) else None,
-                     "lengths": len(lengths)})
-    schema = {"group": pl.String, "kernel": pl.String, "crossover": pl.Int64, "below": pl.Int64,
-              "lengths": pl.Int64}
+        rows.append(
+            {
+                "group": grp,
+                "kernel": kernel,
+                "crossover": lengths[i] if i < len(lengths) else None,
+                "below": lengths[i - 1] if 0 < i <= len(lengths) else None,
+                "lengths": len(lengths),
+            }
+        )
+    schema = {"group": pl.String, "kernel": pl.String, "crossover": pl.Int64, "below": pl.Int64, "lengths": pl.Int64}
     return series, pl.DataFrame(rows, schema=schema)
 
 
-ENV_FACTS = ("device_name", "device_count", "compute_capability", "driver", "cuda", "torch", "cudnn", "triton",
-             "packages", "host", "git_commit", "longca_version")
+ENV_FACTS = (
+    "device_name",
+    "device_count",
+    "compute_capability",
+    "driver",
+    "cuda",
+    "torch",
+    "cudnn",
+    "triton",
+    "packages",
+    "host",
+    "git_commit",
+    "longca_version",
+)
 
 
 def environments(rows: pl.DataFrame) -> pl.DataFrame:
     """The chosen environment facts, one line per env_id, with the runs and rows it produced."""
-    return (rows.with_columns(pl.col("env_id").fill_null("unknown"))
-            .group_by("env_id", maintain_order=True)
-            .agg(*[pl.col(f).drop_nulls().first() for f in ENV_FACTS],
-                 rows=pl.len(),
-                 run_ids=pl.col("run_id").drop_nulls().unique().sort().str.join(", "),
-                 first=pl.col("timestamp").min(), last=pl.col("timestamp").max())
-            .sort("env_id"))
+    return (
+        rows.with_columns(pl.col("env_id").fill_null("unknown"))
+        .group_by("env_id", maintain_order=True)
+        .agg(
+            *[pl.col(f).drop_nulls().first() for f in ENV_FACTS],
+            rows=pl.len(),
+            run_ids=pl.col("run_id").drop_nulls().unique().sort().str.join(", "),
+            first=pl.col("timestamp").min(),
+            last=pl.col("timestamp").max(),
+        )
+        .sort("env_id")
+    )
 
 
 def machines(frame: pl.DataFrame) -> list[str]:

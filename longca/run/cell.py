@@ -14,8 +14,16 @@ from typing import Any
 import torch
 
 from longca.kernels import registry
-from longca.kernels.base import (DTYPES, backward_refusal, choose_form, dtype_refusal, grad_changes_form,
-                                 package_available, rank_unsupported_reason, static_unsupported_reason)
+from longca.kernels.base import (
+    DTYPES,
+    backward_refusal,
+    choose_form,
+    dtype_refusal,
+    grad_changes_form,
+    package_available,
+    rank_unsupported_reason,
+    static_unsupported_reason,
+)
 from longca.masks.forms import forms_of
 from longca.masks.mask import Mask
 from longca.masks.registry import PATTERNS, build_mask, resolve_params
@@ -39,13 +47,22 @@ def planned_unsupported(cell: Cell) -> str | None:
     validation error, longca.spec.validate)."""
     kernel = registry.get(cell.kernel)
     if cell.cp_mechanism is not None:
-        return rank_unsupported_reason(kernel.caps, device=cell.device, dtype=cell.dtype,
-                                       block_sparse=PATTERNS[cell.mask].family == "dynamic")
+        return rank_unsupported_reason(
+            kernel.caps, device=cell.device, dtype=cell.dtype, block_sparse=PATTERNS[cell.mask].family == "dynamic"
+        )
     block = resolve_params(cell.mask, dict(cell.mask_params)).get("block") if cell.mask == "block_sparse" else None
     return static_unsupported_reason(
-        kernel.caps, mask_name=cell.mask, mask_forms=forms_of(cell.mask), dtype=cell.dtype,
-        head_dim=cell.head_dim, heads_q=cell.heads_q, heads_kv=cell.heads_kv, pass_=cell.pass_, device=cell.device,
-        block_size=block)
+        kernel.caps,
+        mask_name=cell.mask,
+        mask_forms=forms_of(cell.mask),
+        dtype=cell.dtype,
+        head_dim=cell.head_dim,
+        heads_q=cell.heads_q,
+        heads_kv=cell.heads_kv,
+        pass_=cell.pass_,
+        device=cell.device,
+        block_size=block,
+    )
 
 
 def runtime_unsupported(cell: Cell, device: torch.device) -> str | None:
@@ -69,8 +86,9 @@ def runtime_unsupported(cell: Cell, device: torch.device) -> str | None:
     return None
 
 
-def _make_inputs(cell: Cell, seqlen: int, layout: str, device: torch.device, dtype: torch.dtype, seed: int,
-                 need_grad: bool) -> tuple[torch.Tensor, ...]:
+def _make_inputs(
+    cell: Cell, seqlen: int, layout: str, device: torch.device, dtype: torch.dtype, seed: int, need_grad: bool
+) -> tuple[torch.Tensor, ...]:
     """Random normal q, k, v, dout in the kernel's layout (never zeros).
 
     Drawn on the cell's device by its own generator: at 32K tokens x 64 heads the CPU generator
@@ -133,8 +151,15 @@ def _build(cell: Cell, seqlen: int, sample: int, inputs=None, keep: bool = False
     if key is not None and key in _mask_cache:
         _mask_cache[key] = _mask_cache.pop(key)  # most recently used last
         return _mask_cache[key], 0.0
-    mask = build_mask(cell.mask, seqlen, params, seed=cell.seed, sample=sample, heads_kv=cell.heads_kv,
-                      inputs=inputs if wants_inputs else None)
+    mask = build_mask(
+        cell.mask,
+        seqlen,
+        params,
+        seed=cell.seed,
+        sample=sample,
+        heads_kv=cell.heads_kv,
+        inputs=inputs if wants_inputs else None,
+    )
     if key is not None:
         while len(_mask_cache) >= _MASKS_KEPT:
             _mask_cache.pop(next(iter(_mask_cache)))
@@ -156,8 +181,12 @@ def checks_gradients(kernel: Any, cell: Cell, device: torch.device) -> bool:
     kernel's backward does not take: Flex's fp8 backward fails to compile, and trying it cost every
     fp8 check an Inductor compile."""
     caps = kernel.caps
-    return (caps.backward and (caps.backward_dtypes is None or cell.dtype in caps.backward_dtypes)
-            and (cell.pass_ != Pass.FWD or device.type == "cuda") and backward_refusal(kernel, device) is None)
+    return (
+        caps.backward
+        and (caps.backward_dtypes is None or cell.dtype in caps.backward_dtypes)
+        and (cell.pass_ != Pass.FWD or device.type == "cuda")
+        and backward_refusal(kernel, device) is None
+    )
 
 
 def check_correctness(cell: Cell, device: torch.device) -> dict[str, Any]:
@@ -185,9 +214,21 @@ def check_correctness(cell: Cell, device: torch.device) -> dict[str, Any]:
         built = problem()
         split = grad_changes_form(kernel, built[1], head_dim=cell.head_dim, dtype=dtype, device=device)
         grads = grads and (cell.pass_ != Pass.FWD or not split)
-    key = (cell.kernel, cell.mask, cell.mask_params, cell.heads_q, cell.heads_kv, cell.head_dim, cell.dtype,
-           cell.batch, check_len, cell.seed, str(device), json.dumps(cell.check_dict, sort_keys=True),
-           cell.pass_ != Pass.FWD if split else None)
+    key = (
+        cell.kernel,
+        cell.mask,
+        cell.mask_params,
+        cell.heads_q,
+        cell.heads_kv,
+        cell.head_dim,
+        cell.dtype,
+        cell.batch,
+        check_len,
+        cell.seed,
+        str(device),
+        json.dumps(cell.check_dict, sort_keys=True),
+        cell.pass_ != Pass.FWD if split else None,
+    )
     if key in _check_cache and (_check_cache[key]["grads"] or not grads):
         return {**_check_cache[key], "cached": True}
     (q, k, v, do), mask = built or problem()
@@ -195,9 +236,17 @@ def check_correctness(cell: Cell, device: torch.device) -> dict[str, Any]:
     if rounded:
         q, k, v = (x.detach().to(dtype).to(ref_dtype).requires_grad_(True) for x in (q, k, v))
     form = choose_form(kernel.caps, forms_of(cell.mask))
-    prepared = kernel.prepare(mask, batch=cell.batch, heads_q=cell.heads_q, heads_kv=cell.heads_kv,
-                              head_dim=cell.head_dim, dtype=dtype, device=device, form=form,
-                              **({"grad": cell.pass_ != Pass.FWD} if split else {}))
+    prepared = kernel.prepare(
+        mask,
+        batch=cell.batch,
+        heads_q=cell.heads_q,
+        heads_kv=cell.heads_kv,
+        head_dim=cell.head_dim,
+        dtype=dtype,
+        device=device,
+        form=form,
+        **({"grad": cell.pass_ != Pass.FWD} if split else {}),
+    )
     kq, kk, kv, kdo = (_from_bshd(x, prepared.layout).to(dtype).detach() for x in (q, k, v, do))
     for x in (kq, kk, kv):
         x.requires_grad_(grads)
@@ -207,16 +256,32 @@ def check_correctness(cell: Cell, device: torch.device) -> dict[str, Any]:
     try:
         family_ref = prepared.extra.get("reference")  # non-softmax families bring their own reference
         # Softmax references depend on the problem, not the kernel: one per (mask, shape, seed, device).
-        ref_key = None if family_ref else (cell.mask, cell.mask_params, cell.heads_q, cell.heads_kv, cell.head_dim,
-                                           cell.batch, check_len, cell.seed, device.type, ref_dtype,
-                                           cell.dtype if rounded else None)
+        ref_key = (
+            None
+            if family_ref
+            else (
+                cell.mask,
+                cell.mask_params,
+                cell.heads_q,
+                cell.heads_kv,
+                cell.head_dim,
+                cell.batch,
+                check_len,
+                cell.seed,
+                device.type,
+                ref_dtype,
+                cell.dtype if rounded else None,
+            )
+        )
         cached = _reference_cache.get(ref_key, grads, device) if ref_key else None
         if cached:
             ref = cached["out"]
         else:
             ref = family_ref(q, k, v) if family_ref else reference_attention(q, k, v, dense_mask_tensor(mask, device))
-        result = {"check_seqlen": check_len,
-                  "rel_err_out": relative_error(_to_bshd(out, prepared.layout, cell.batch), ref)}
+        result = {
+            "check_seqlen": check_len,
+            "rel_err_out": relative_error(_to_bshd(out, prepared.layout, cell.batch), ref),
+        }
         ref_grads = None
         if grads:
             try:
@@ -232,8 +297,9 @@ def check_correctness(cell: Cell, device: torch.device) -> dict[str, Any]:
                     ref.backward(do)
                     ref_grads = {"dq": q.grad, "dk": k.grad, "dv": v.grad}
                 for name, mine in (("dq", kq), ("dk", kk), ("dv", kv)):
-                    result[f"rel_err_{name}"] = relative_error(_to_bshd(mine.grad, prepared.layout, cell.batch),
-                                                               ref_grads[name])
+                    result[f"rel_err_{name}"] = relative_error(
+                        _to_bshd(mine.grad, prepared.layout, cell.batch), ref_grads[name]
+                    )
         if ref_key and not cached:
             _reference_cache.put(ref_key, {"out": ref, **(ref_grads or {})})
     finally:
@@ -259,14 +325,26 @@ def _measure_sample(cell: Cell, device: torch.device, sample: int, check: dict[s
     rep = cell.repeat_dict
     need_grad = cell.pass_ != Pass.FWD
     q, k, v, do = _make_inputs(cell, cell.seqlen, kernel.layout, device, dtype, cell.seed + 1000 + sample, need_grad)
-    mask, build_s = _build(cell, cell.seqlen, sample,
-                           inputs=(_to_bshd(q, kernel.layout, cell.batch).detach(),
-                                   _to_bshd(k, kernel.layout, cell.batch).detach()), keep=True)
+    mask, build_s = _build(
+        cell,
+        cell.seqlen,
+        sample,
+        inputs=(_to_bshd(q, kernel.layout, cell.batch).detach(), _to_bshd(k, kernel.layout, cell.batch).detach()),
+        keep=True,
+    )
     form = choose_form(kernel.caps, forms_of(cell.mask))
     # Kernels with a forward-only form get told whether gradients follow (see grad_changes_form).
-    prepared = kernel.prepare(mask, batch=cell.batch, heads_q=cell.heads_q, heads_kv=cell.heads_kv,
-                              head_dim=cell.head_dim, dtype=dtype, device=device, form=form,
-                              **({"grad": need_grad} if hasattr(kernel, "grad_changes_form") else {}))
+    prepared = kernel.prepare(
+        mask,
+        batch=cell.batch,
+        heads_q=cell.heads_q,
+        heads_kv=cell.heads_kv,
+        head_dim=cell.head_dim,
+        dtype=dtype,
+        device=device,
+        form=form,
+        **({"grad": need_grad} if hasattr(kernel, "grad_changes_form") else {}),
+    )
     timer = timer_for(device, bool(rep.get("l2_flush", True)))
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -308,12 +386,20 @@ def _measure_sample(cell: Cell, device: torch.device, sample: int, check: dict[s
     clock1 = gpu_clock_state() if device.type == "cuda" else {}
     area = mask.area_per_head * cell.batch
     row: dict[str, Any] = {
-        **mask_columns(mask, sample), "mask_form": form, "mask_area": int(round(area)),
+        **mask_columns(mask, sample),
+        "mask_form": form,
+        "mask_area": int(round(area)),
         **timing_columns(timing, softmax_flops(area, cell), cell.batch * cell.seqlen),
-        "mask_build_s": build_s + prepared.build_s, "compile_s": max(prepared.compile_s, timing.compile_s),
-        "cooldown_s": idle_s, "peak_mem_bytes": peak, "backend": prepared.info.get("backend"),
-        "clock_start_mhz": clock0.get("clock_mhz"), "clock_end_mhz": clock1.get("clock_mhz"),
-        "throttle_reasons": clock1.get("throttle"), "status": Status.OK.value, "reason": None,
+        "mask_build_s": build_s + prepared.build_s,
+        "compile_s": max(prepared.compile_s, timing.compile_s),
+        "cooldown_s": idle_s,
+        "peak_mem_bytes": peak,
+        "backend": prepared.info.get("backend"),
+        "clock_start_mhz": clock0.get("clock_mhz"),
+        "clock_end_mhz": clock1.get("clock_mhz"),
+        "throttle_reasons": clock1.get("throttle"),
+        "status": Status.OK.value,
+        "reason": None,
     }
     if prepared.extra.get("flop_model"):  # families with their own FLOP model (linear attention)
         row["flop_model"] = prepared.extra["flop_model"]

@@ -39,9 +39,14 @@ def check_verdict(cell: Cell, check: dict[str, Any]) -> str | None:
     names = ("out",) if cell.pass_ == Pass.FWD else ERROR_NAMES
     if cell.pass_ != Pass.FWD and check.get("rel_err_dq") is None:
         return "gradients were not checked"
-    bad = [f"{n}={check[f'rel_err_{n}']:.3g}" for n in names
-           if not check[f"rel_err_{n}"] <= (out_tol if n == "out" else grad_tol)]  # NaN never passes
+    bad = [
+        f"{n}={check[f'rel_err_{n}']:.3g}"
+        for n in names
+        if not check[f"rel_err_{n}"] <= (out_tol if n == "out" else grad_tol)
+    ]  # NaN never passes
     if not bad:
         return None
-    return (f"relative error above tolerance ({out_tol:g} out, {grad_tol:g} grads) at S={check['check_seqlen']}: "
-            + ", ".join(bad))
+    return (
+        f"relative error above tolerance ({out_tol:g} out, {grad_tol:g} grads) at S={check['check_seqlen']}: "
+        + ", ".join(bad)
+    )

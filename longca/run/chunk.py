@@ -26,8 +26,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from longca.run.cell import planned_unsupported
 from longca.run.gpu_lease import gpu_count, lease_gpus
@@ -200,9 +200,13 @@ def run_device_cells(cells: list[Cell], outputs: list[str], workdir: Path) -> di
         log_path = workdir / f"worker-{start}.log"
         read_fd, write_fd = os.pipe()
         with open(log_path, "wb") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "longca.run.worker", str(job_file), str(write_fd)],
-                                    pass_fds=(write_fd,), stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "longca.run.worker", str(job_file), str(write_fd)],
+                pass_fds=(write_fd,),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
             _children[proc] = 0.0
         _stream(log_path)
         os.close(write_fd)
@@ -220,8 +224,14 @@ def run_device_cells(cells: list[Cell], outputs: list[str], workdir: Path) -> di
                     idx = current if current is not None else finished_through + 1
                     _kill(proc)
                     cell = cells[idx]
-                    write_rows(outputs[idx], [status_row(cell, "timeout", f"exceeded the cell time limit of "
-                                                                         f"{cell.timeout_s:g} s; worker killed")])
+                    write_rows(
+                        outputs[idx],
+                        [
+                            status_row(
+                                cell, "timeout", f"exceeded the cell time limit of {cell.timeout_s:g} s; worker killed"
+                            )
+                        ],
+                    )
                     _log(f"{cell.id}: timeout after {cell.timeout_s:g} s")
                     finished_through = idx
                     stats["restarts"] += 1
@@ -240,8 +250,16 @@ def run_device_cells(cells: list[Cell], outputs: list[str], workdir: Path) -> di
                 elif code not in (0, 3) and finished_through + 1 < len(cells):
                     # Died between cells (e.g. at start-up): blame the next cell rather than loop forever.
                     idx = finished_through + 1
-                    write_rows(outputs[idx], [status_row(cells[idx], "error",
-                                                         f"worker failed to start ({_describe_exit(code)}): {_tail(log_path)}"[:2000])])
+                    write_rows(
+                        outputs[idx],
+                        [
+                            status_row(
+                                cells[idx],
+                                "error",
+                                f"worker failed to start ({_describe_exit(code)}): {_tail(log_path)}"[:2000],
+                            )
+                        ],
+                    )
                     finished_through = idx
                 if code == 3:
                     stats["restarts"] += 1
@@ -277,9 +295,24 @@ def cp_launch_command(world: int, launcher: str) -> list[str]:
     if launcher == "auto":
         launcher = "srun" if os.environ.get("SLURM_JOB_ID") and shutil.which("srun") else "torchrun"
     if launcher == "srun":
-        return ["srun", "--overlap", f"--ntasks={world}", "--kill-on-bad-exit=1", sys.executable, "-m", "longca.run.ranks"]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-            "-m", "longca.run.ranks"]
+        return [
+            "srun",
+            "--overlap",
+            f"--ntasks={world}",
+            "--kill-on-bad-exit=1",
+            sys.executable,
+            "-m",
+            "longca.run.ranks",
+        ]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={world}",
+        "-m",
+        "longca.run.ranks",
+    ]
 
 
 def run_cp_cells(cells: list[Cell], outputs: list[str], workdir: Path, launcher: str = "auto") -> None:
@@ -349,9 +382,11 @@ def run_cp_cells(cells: list[Cell], outputs: list[str], workdir: Path, launcher:
             break
         cell = cells[idx]
         if code is None and idx == current:
-            reason = (f"exceeded the cell time limit of {cell.timeout_s:g} s"
-                      + (f" (+{GRACE_S:g} s start-up)" if idx == start else "")
-                      + f"; CP process group killed; log: {hung_log}")
+            reason = (
+                f"exceeded the cell time limit of {cell.timeout_s:g} s"
+                + (f" (+{GRACE_S:g} s start-up)" if idx == start else "")
+                + f"; CP process group killed; log: {hung_log}"
+            )
             write_rows(outputs[idx], [status_row(cell, "timeout", reason[:2000])])
             _log(f"{cell.id}: timeout after {cell.timeout_s:g} s")
             done.add(cell.digest)
@@ -364,8 +399,13 @@ def run_cp_cells(cells: list[Cell], outputs: list[str], workdir: Path, launcher:
         start = first_open(idx)
 
 
-def run_chunk(spec: Spec, outputs: list[str], results_dir: str = "results", launcher: str = "auto",
-              cells: list[Cell] | None = None) -> int:
+def run_chunk(
+    spec: Spec,
+    outputs: list[str],
+    results_dir: str = "results",
+    launcher: str = "auto",
+    cells: list[Cell] | None = None,
+) -> int:
     """Produce the cell files `outputs` of `spec` (its `cells`, when the caller expanded them already)."""
     signal.signal(signal.SIGTERM, _on_term)
     by_path = {os.path.normpath(c.output(results_dir)): c for c in (cells if cells is not None else expand(spec))}
@@ -384,8 +424,7 @@ def run_chunk(spec: Spec, outputs: list[str], results_dir: str = "results", laun
     gpus = gpu_count() if spec.device == "cuda" and cp else 0
     too_wide = [(c, o) for c, o in cp if gpus and c.world_size > gpus]
     for cell, out in too_wide:
-        write_rows(out, [status_row(cell, "unsupported",
-                                    f"needs {cell.world_size} GPUs (world_size); {gpus} visible")])
+        write_rows(out, [status_row(cell, "unsupported", f"needs {cell.world_size} GPUs (world_size); {gpus} visible")])
     cp = [pair for pair in cp if pair not in too_wide]
     # Never two chunks on one GPU (Snakemake's local executor starts many at once): see gpu_lease.
     needed = max([1 if device else 0] + [c.world_size for c, _ in cp]) if spec.device == "cuda" else 0
@@ -393,8 +432,14 @@ def run_chunk(spec: Spec, outputs: list[str], results_dir: str = "results", laun
         return _run_cells(outputs, wanted, device, cp, results_dir, launcher)
 
 
-def _run_cells(outputs: list[str], wanted: list[tuple[Cell, str]], device: list[tuple[Cell, str]],
-               cp: list[tuple[Cell, str]], results_dir: str, launcher: str) -> int:
+def _run_cells(
+    outputs: list[str],
+    wanted: list[tuple[Cell, str]],
+    device: list[tuple[Cell, str]],
+    cp: list[tuple[Cell, str]],
+    results_dir: str,
+    launcher: str,
+) -> int:
     t0 = time.perf_counter()
     stats = {"kernel_s": 0.0}
     with tempfile.TemporaryDirectory(prefix="longca-chunk-") as tmp:
@@ -409,8 +454,10 @@ def _run_cells(outputs: list[str], wanted: list[tuple[Cell, str]], device: list[
             run_cp_cells([c for c, _ in members], [o for _, o in members], sub, launcher)
     wall = time.perf_counter() - t0
     if device:
-        _log(f"chunk done: {len(wanted)} cells in {wall:.1f} s; summed timed kernel time {stats['kernel_s']:.1f} s "
-             f"({100 * stats['kernel_s'] / max(wall, 1e-9):.1f}% of wall)")
+        _log(
+            f"chunk done: {len(wanted)} cells in {wall:.1f} s; summed timed kernel time {stats['kernel_s']:.1f} s "
+            f"({100 * stats['kernel_s'] / max(wall, 1e-9):.1f}% of wall)"
+        )
     missing = [o for o in outputs if not Path(o).exists()]
     if missing:
         raise RuntimeError(f"cells without a result file after the chunk: {missing[:5]}")

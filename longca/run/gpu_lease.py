@@ -20,9 +20,9 @@ import os
 import re
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
 
 LOCK_DIR_ENV = "LONGCA_GPU_LOCK_DIR"
 
@@ -92,8 +92,14 @@ def _try_take(folder: Path, gpus: list[str], n: int) -> list[tuple[str, int]]:
 
 
 @contextmanager
-def lease_gpus(n: int, *, lock_dir: Path | None = None, gpus: list[str] | None = None, poll_s: float = 1.0,
-               log: Callable[[str], None] | None = None) -> Iterator[list[str] | None]:
+def lease_gpus(
+    n: int,
+    *,
+    lock_dir: Path | None = None,
+    gpus: list[str] | None = None,
+    poll_s: float = 1.0,
+    log: Callable[[str], None] | None = None,
+) -> Iterator[list[str] | None]:
     """Hold n of the visible GPUs exclusively for the block, with CUDA_VISIBLE_DEVICES narrowed to
     them; yields their names, or None where nothing is leased (n == 0, or no GPU: the cells then
     record why). `gpus` overrides the visible GPUs (tests).

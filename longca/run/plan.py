@@ -54,8 +54,9 @@ def recorded_status(path: str | Path) -> str:
     return str(pq.read_table(path, columns=["status"]).column("status")[0])
 
 
-def missing_cells(cells: list[Cell], results_dir: str | Path, warn=None,
-                  retry: frozenset[str] = frozenset()) -> list[Cell]:
+def missing_cells(
+    cells: list[Cell], results_dir: str | Path, warn=None, retry: frozenset[str] = frozenset()
+) -> list[Cell]:
     """Cells whose output file is absent or damaged (damaged ones are named through `report`),
     and, on request, those whose recorded status is in `retry` (e.g. `error` after a fix)."""
     out = []
@@ -74,14 +75,21 @@ def missing_cells(cells: list[Cell], results_dir: str | Path, warn=None,
         aside = path.with_name(path.name + ".damaged")
         os.replace(path, aside)
         (warn or (lambda m: print(m, file=sys.stderr)))(
-            f"longca: damaged result, cell will rerun: {why} (moved to {aside.name})")
+            f"longca: damaged result, cell will rerun: {why} (moved to {aside.name})"
+        )
         out.append(cell)
     return out
 
 
-def plan_jobs(spec: Spec, results_dir: str | Path = "results", *, only_missing: bool = True,
-              chunk_size: int | None = None, warn=None,
-              retry: frozenset[str] = frozenset()) -> tuple[list[Cell], list[Job]]:
+def plan_jobs(
+    spec: Spec,
+    results_dir: str | Path = "results",
+    *,
+    only_missing: bool = True,
+    chunk_size: int | None = None,
+    warn=None,
+    retry: frozenset[str] = frozenset(),
+) -> tuple[list[Cell], list[Job]]:
     """Chunks of cells and, per chunk, the outputs still to produce.
 
     Chunk membership comes from the whole spec (cells in plan order, per sweep and kind), never
@@ -102,7 +110,7 @@ def plan_jobs(spec: Spec, results_dir: str | Path = "results", *, only_missing: 
         if kind == "planned":
             size = max(size, 1000)  # no device work: one cheap job
         for i in range(0, len(members), size):
-            chunk = members[i:i + size]
+            chunk = members[i : i + size]
             digest = hashlib.sha256("\n".join(c.digest for c in chunk).encode()).hexdigest()[:10]
             pending = [c for c in chunk if c.digest in todo]
             if not pending:
@@ -110,12 +118,17 @@ def plan_jobs(spec: Spec, results_dir: str | Path = "results", *, only_missing: 
             outputs = [c.output(results_dir) for c in pending]
             name = re.sub(r"[^A-Za-z0-9_]", "_", f"cells_{sweep}_{kind}_{digest}")
             on_gpu = spec.device == "cuda" and kind != "planned"
-            jobs.append(Job(
-                name=name, kind=kind, cells=pending, outputs=outputs,
-                gpus=(world if kind == "cp" else 1) if on_gpu else 0,
-                tasks=world if kind == "cp" else 1,
-                threads=world if kind == "cp" else 1,
-                runtime_min=_estimate_minutes(pending) if kind != "planned" else 5,
-                mem_mb=16000 if on_gpu else 4000,
-            ))
+            jobs.append(
+                Job(
+                    name=name,
+                    kind=kind,
+                    cells=pending,
+                    outputs=outputs,
+                    gpus=(world if kind == "cp" else 1) if on_gpu else 0,
+                    tasks=world if kind == "cp" else 1,
+                    threads=world if kind == "cp" else 1,
+                    runtime_min=_estimate_minutes(pending) if kind != "planned" else 5,
+                    mem_mb=16000 if on_gpu else 4000,
+                )
+            )
     return cells, jobs

@@ -52,7 +52,16 @@ from longca.measure.cooldown import cool_down
 from longca.measure.env import gpu_clock_state
 from longca.measure.timer import RETAINED_GRAPH, RankTimer, time_under, timer_for
 from longca.run.check import check_columns, check_length, check_verdict
-from longca.run.rows import base_row, classify, gate_peak, mask_columns, softmax_flops, status_row, summarize, timing_columns
+from longca.run.rows import (
+    base_row,
+    classify,
+    gate_peak,
+    mask_columns,
+    softmax_flops,
+    status_row,
+    summarize,
+    timing_columns,
+)
 from longca.spec.cells import Cell
 from longca.store.write import write_rows
 from longca.vocab import Pass, Status, torch_dtype
@@ -119,8 +128,11 @@ def _rank_clocks(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     masks = [int(r["throttle"], 16) for r in per_rank if r.get("throttle")]
     for m in masks:
         either |= m
-    return {"clock_start_mhz": low("clock0"), "clock_end_mhz": low("clock1"),
-            "throttle_reasons": hex(either) if masks else None}
+    return {
+        "clock_start_mhz": low("clock0"),
+        "clock_end_mhz": low("clock1"),
+        "throttle_reasons": hex(either) if masks else None,
+    }
 
 
 # ------------------------------------------------------------------------------------ helpers
@@ -137,23 +149,28 @@ def runtime_refusal(cell: Cell, kernel: Any) -> None:
     if PATTERNS[cell.mask].family == "dynamic":
         params = resolve_params(cell.mask, dict(cell.mask_params))
         if params.get("score") != "random":
-            raise Unsupported(f"mask_params.score={params.get('score')!r}: CP cells draw each rank's inputs "
-                              f"separately, so importance scores of the global inputs do not exist; use score='random'")
+            raise Unsupported(
+                f"mask_params.score={params.get('score')!r}: CP cells draw each rank's inputs "
+                f"separately, so importance scores of the global inputs do not exist; use score='random'"
+            )
         if not hasattr(kernel, "prepare_blocks"):
             raise Unsupported(f"kernel {cell.kernel!r} takes slice masks only as a CP per-rank kernel")
         if cell.cp_balance == "document":
-            raise Unsupported("balance='document' balances slice masks by row area; a block-sparse mask keeps the "
-                              "same number of key blocks in every query block, so use balance 'contiguous' or 'zigzag'")
+            raise Unsupported(
+                "balance='document' balances slice masks by row area; a block-sparse mask keeps the "
+                "same number of key blocks in every query block, so use balance 'contiguous' or 'zigzag'"
+            )
     g = granule(cell.cp_balance, cell.world_size)
     for length in (cell.seqlen, cp_check_length(cell)):
         if length % g:
-            raise Unsupported(f"seqlen={length} is not a multiple of {g}, which balance={cell.cp_balance!r} needs "
-                              f"at world_size={cell.world_size}")
+            raise Unsupported(
+                f"seqlen={length} is not a multiple of {g}, which balance={cell.cp_balance!r} needs "
+                f"at world_size={cell.world_size}"
+            )
 
 
 def _mask(cell: Cell, seqlen: int, sample: int):
-    return build_mask(cell.mask, seqlen, dict(cell.mask_params), seed=cell.seed, sample=sample,
-                      heads_kv=cell.heads_kv)
+    return build_mask(cell.mask, seqlen, dict(cell.mask_params), seed=cell.seed, sample=sample, heads_kv=cell.heads_kv)
 
 
 def mask_area_q_heads(mask, heads_q: int) -> int:
@@ -199,23 +216,37 @@ def correctness(cell: Cell, rank: int, world: int, device: torch.device, kernel)
     s = cp_check_length(cell)
     mask = _mask(cell, s, 0)
     sharding = make_sharding(cell.cp_balance, s, world, mask.slices)
-    plan = build_plan(cell.cp_mechanism, dict(cell.cp_degrees), mask.slices, sharding, rank, cell.heads_q,
-                      cell.heads_kv, kernel, device, blocks=mask.blocks)
+    plan = build_plan(
+        cell.cp_mechanism,
+        dict(cell.cp_degrees),
+        mask.slices,
+        sharding,
+        rank,
+        cell.heads_q,
+        cell.heads_kv,
+        kernel,
+        device,
+        blocks=mask.blocks,
+    )
     q, k, v, dout = _inputs(cell, s, device, cell.seed + 1)
     pos = torch.from_numpy(sharding.positions(rank)).to(device)
     grads_wanted = cell.pass_ != Pass.FWD
     ql, kl, vl = (x[:, :, pos].contiguous().requires_grad_(grads_wanted) for x in (q, k, v))
     out, grads = _run_pass(cell.pass_, ql, kl, vl, dout[:, :, pos].contiguous(), plan)
     ref_dtype = torch.float64 if device.type == "cpu" else torch.float32
-    ref = reference_attention(q, k, v, mask if mask.per_head else mask.slices, dout if grads_wanted else None,
-                              ref_dtype, kv_heads_per_chunk=1)
+    ref = reference_attention(
+        q, k, v, mask if mask.per_head else mask.slices, dout if grads_wanted else None, ref_dtype, kv_heads_per_chunk=1
+    )
     mine = [out] + list(grads or [])
-    sums = torch.tensor([x for a, r in zip(mine, ref) for x in _sq_norms(a, r[:, :, pos])],
-                        dtype=torch.float64, device=device)
+    sums = torch.tensor(
+        [x for a, r in zip(mine, ref) for x in _sq_norms(a, r[:, :, pos])], dtype=torch.float64, device=device
+    )
     dist.all_reduce(sums)
     sums = sums.tolist()
-    errs = [math.sqrt(sums[2 * i] / sums[2 * i + 1]) if sums[2 * i + 1] > 0 else math.sqrt(sums[2 * i])
-            for i in range(len(mine))]
+    errs = [
+        math.sqrt(sums[2 * i] / sums[2 * i + 1]) if sums[2 * i + 1] > 0 else math.sqrt(sums[2 * i])
+        for i in range(len(mine))
+    ]
     names = ["rel_err_out", "rel_err_dq", "rel_err_dk", "rel_err_dv"]
     return {"check_seqlen": s, **{n: (e if math.isfinite(e) else float("inf")) for n, e in zip(names, errs)}}
 
@@ -230,8 +261,19 @@ def measure(cell: Cell, rank: int, world: int, device: torch.device, kernel, sam
     mask_build_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     comm = Comm()
-    plan = build_plan(cell.cp_mechanism, dict(cell.cp_degrees), mask.slices, sharding, rank, cell.heads_q,
-                      cell.heads_kv, kernel, device, comm, blocks=mask.blocks)
+    plan = build_plan(
+        cell.cp_mechanism,
+        dict(cell.cp_degrees),
+        mask.slices,
+        sharding,
+        rank,
+        cell.heads_q,
+        cell.heads_kv,
+        kernel,
+        device,
+        comm,
+        blocks=mask.blocks,
+    )
     plan_s = time.perf_counter() - t0
     rank_area = plan.rank_area(b)
     # Random local inputs (timing never runs on zeros); generated on the device, per rank and draw.
@@ -239,8 +281,10 @@ def measure(cell: Cell, rank: int, world: int, device: torch.device, kernel, sam
     dt = torch_dtype(cell.dtype)
     n = sharding.local_len
     need_grad = cell.pass_ != Pass.FWD
-    q, k, v, dout = (torch.randn(b, h, n, cell.head_dim, generator=g, device=device, dtype=dt)
-                     for h in (cell.heads_q, cell.heads_kv, cell.heads_kv, cell.heads_q))
+    q, k, v, dout = (
+        torch.randn(b, h, n, cell.head_dim, generator=g, device=device, dtype=dt)
+        for h in (cell.heads_q, cell.heads_kv, cell.heads_kv, cell.heads_q)
+    )
     for x in (q, k, v):
         x.requires_grad_(need_grad)
     if cell.pass_ == Pass.BWD:  # backward timed on one saved forward's graph
@@ -249,6 +293,7 @@ def measure(cell: Cell, rank: int, world: int, device: torch.device, kernel, sam
         def run():
             return torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
     else:
+
         def run():
             return _run_pass(cell.pass_, q, k, v, dout, plan)
 
@@ -259,8 +304,7 @@ def measure(cell: Cell, rank: int, world: int, device: torch.device, kernel, sam
         idle_s = cool_down(rep["cooldown_s"], device)
         dist.barrier()
     clock0 = gpu_clock_state() if device.type == "cuda" else {}
-    timer = RankTimer(timer_for(device, bool(rep.get("l2_flush", True))), dist.barrier,
-                      lambda x: _agree_max(x, device))
+    timer = RankTimer(timer_for(device, bool(rep.get("l2_flush", True))), dist.barrier, lambda x: _agree_max(x, device))
     comm.bytes_sent = 0
     timing = time_under(timer, run, rep)
     bytes_per_iter = comm.bytes_sent // max(1, timing.timed_iters + timing.warmup_iters)
@@ -269,9 +313,17 @@ def measure(cell: Cell, rank: int, world: int, device: torch.device, kernel, sam
     free = time_under(timer, run, dict(rep, warmup=0, iters=timing.timed_iters, min_iters=1))
     comm.enabled = True
     clock1 = gpu_clock_state() if device.type == "cuda" else {}
-    per_rank = _gather({"samples": timing.samples_ms, "free": free.samples_ms, "bytes": bytes_per_iter,
-                        "peak": peak, "clock0": clock0.get("clock_mhz"), "clock1": clock1.get("clock_mhz"),
-                        "throttle": clock1.get("throttle")})
+    per_rank = _gather(
+        {
+            "samples": timing.samples_ms,
+            "free": free.samples_ms,
+            "bytes": bytes_per_iter,
+            "peak": peak,
+            "clock0": clock0.get("clock_mhz"),
+            "clock1": clock1.get("clock_mhz"),
+            "throttle": clock1.get("throttle"),
+        }
+    )
     # the iteration time is the slowest rank's (every rank ran the same count: the timer agrees on it)
     timing.samples_ms = [max(r["samples"][i] for r in per_rank) for i in range(timing.timed_iters)]
     free_ms = [max(r["free"][i] for r in per_rank) for i in range(free.timed_iters)]
@@ -279,9 +331,12 @@ def measure(cell: Cell, rank: int, world: int, device: torch.device, kernel, sam
         timing.timer += RETAINED_GRAPH
     flops = softmax_flops(b * mask_area_q_heads(mask, cell.heads_q) / cell.heads_q, cell)
     return {
-        **mask_columns(mask, sample), "mask_area": sum(rank_area), "rank_area": rank_area,
+        **mask_columns(mask, sample),
+        "mask_area": sum(rank_area),
+        "rank_area": rank_area,
         **timing_columns(timing, flops, b * s, world),
-        "mask_build_s": mask_build_s, "compile_s": timing.compile_s + plan_s,  # plan (sub-masks) + first call
+        "mask_build_s": mask_build_s,
+        "compile_s": timing.compile_s + plan_s,  # plan (sub-masks) + first call
         "cooldown_s": idle_s,
         "timer_wall_s": timing.wall_s + free.wall_s,  # warm-up, both timed loops, barriers
         "rank_ms": [_median(r["samples"]) for r in per_rank],
@@ -293,12 +348,12 @@ def measure(cell: Cell, rank: int, world: int, device: torch.device, kernel, sam
     }
 
 
-def _agreed(phase: str, fn, device: torch.device):
-    """Run one phase on every rank; if any rank failed, every rank raises the worst status with the
+def _agreed(phase: str, fn, device: torch.device, *args: Any):
+    """Run one phase, fn(*args), on every rank; if any rank failed, every rank raises the worst status with the
     first rank's reason (an all-reduce), so the group stays in step for the next cell."""
     status, reason, result = Status.OK, None, None
     try:
-        result = fn()
+        result = fn(*args)
     except CellFailure as e:
         status, reason = e.status, e.reason
     except Exception as e:  # noqa: BLE001 - any failure becomes the cell's row
@@ -349,7 +404,7 @@ def run_cell(cell: Cell, rank: int, world: int, device: torch.device) -> list[di
         for sample in range(cell.samples):
             timed_kernel = rank_kernel(cell.kernel)  # a fresh instance: what it records describes the timed run
             row = base_row(cell)
-            row.update(_agreed("measure", lambda: measure(cell, rank, world, device, timed_kernel, sample), device))
+            row.update(_agreed("measure", measure, device, cell, rank, world, device, timed_kernel, sample))
             row.update(check_columns(check), status=Status.OK.value, reason=None)
             detail = getattr(timed_kernel, "backend_detail", lambda: None)()
             row["backend"] = detail or cell.kernel  # rank 0's kernel configuration (its steps)
@@ -371,8 +426,10 @@ def main(argv: list[str] | None = None) -> int:
     devices = {c.device for c in cells}
     backends = {c.cp_backend for c in cells}
     if len(devices) > 1 or len(backends) > 1:
-        raise SystemExit(f"one process group runs one device and backend; cells ask for {sorted(devices)} "
-                         f"and {sorted(map(str, backends))}")
+        raise SystemExit(
+            f"one process group runs one device and backend; cells ask for {sorted(devices)} "
+            f"and {sorted(map(str, backends))}"
+        )
     device_type = devices.pop()
     load_all()  # the same kernels (and LONGCA_PLUGINS) as single-device workers
     timeout_s = max((c.timeout_s for c in cells), default=DEFAULT_TIMEOUT_S)

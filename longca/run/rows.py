@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import torch
@@ -43,15 +43,33 @@ def base_row(cell: Cell) -> dict[str, Any]:
     """Identity, shape, mask, CP and environment columns of a cell (no measurement)."""
     pattern = PATTERNS.get(cell.mask)
     row = {
-        "spec": cell.spec, "sweep": cell.sweep, "cell_id": cell.id, "cell_digest": cell.digest, "run_id": RUN_ID,
-        "kernel": cell.kernel, "pass": cell.pass_, "batch": cell.batch, "seqlen_q": cell.seqlen,
-        "seqlen_k": cell.seqlen, "heads_q": cell.heads_q, "heads_kv": cell.heads_kv, "head_dim": cell.head_dim,
-        "head_dim_v": cell.head_dim, "dtype": cell.dtype, "mask": cell.mask,
-        "mask_family": pattern.family if pattern else None, "mask_variant": cell.mask_variant,
-        "mask_params": json.dumps(dict(cell.mask_params), sort_keys=True), "seed": cell.seed,
-        "mask_samples": cell.samples, "world_size": cell.world_size, "cp_mechanism": cell.cp_mechanism,
-        "cp_variant": cell.cp_variant, "cp_degrees": _cp_degrees(cell), "cp_balance": cell.cp_balance,
-        "timestamp": datetime.now(timezone.utc),
+        "spec": cell.spec,
+        "sweep": cell.sweep,
+        "cell_id": cell.id,
+        "cell_digest": cell.digest,
+        "run_id": RUN_ID,
+        "kernel": cell.kernel,
+        "pass": cell.pass_,
+        "batch": cell.batch,
+        "seqlen_q": cell.seqlen,
+        "seqlen_k": cell.seqlen,
+        "heads_q": cell.heads_q,
+        "heads_kv": cell.heads_kv,
+        "head_dim": cell.head_dim,
+        "head_dim_v": cell.head_dim,
+        "dtype": cell.dtype,
+        "mask": cell.mask,
+        "mask_family": pattern.family if pattern else None,
+        "mask_variant": cell.mask_variant,
+        "mask_params": json.dumps(dict(cell.mask_params), sort_keys=True),
+        "seed": cell.seed,
+        "mask_samples": cell.samples,
+        "world_size": cell.world_size,
+        "cp_mechanism": cell.cp_mechanism,
+        "cp_variant": cell.cp_variant,
+        "cp_degrees": _cp_degrees(cell),
+        "cp_balance": cell.cp_balance,
+        "timestamp": datetime.now(UTC),
     }
     try:
         kernel = registry.get(cell.kernel)
@@ -79,14 +97,18 @@ def status_row(cell: Cell, status: str, reason: str | None, **extra: Any) -> dic
 def mask_columns(mask: Mask, sample: int) -> dict[str, Any]:
     """The columns of one drawn mask: which draw, its resolved parameters, documents and density."""
     row = {
-        "mask_sample": sample, "density": mask.density,
+        "mask_sample": sample,
+        "density": mask.density,
         "num_documents": len(mask.documents) if mask.documents else None,
         "distribution": mask.params.get("distribution"),
         "mask_params": json.dumps(mask.params, sort_keys=True, default=str),
     }
     if mask.blocks is not None:  # block-sparse masks
-        row.update(block_size=mask.params.get("block"), score_source=mask.params.get("score"),
-                   variable_blocks=mask.name == "variable_block_sparse")
+        row.update(
+            block_size=mask.params.get("block"),
+            score_source=mask.params.get("score"),
+            variable_blocks=mask.name == "variable_block_sparse",
+        )
     return row
 
 
@@ -95,11 +117,20 @@ def timing_columns(timing: Timing, flops: float, tokens: int, world: int = 1) ->
     ranks); per-GPU TFLOP/s divides by `world`."""
     med = timing.median_ms
     return {
-        "timer": timing.timer, "warmup_iters": timing.warmup_iters, "timed_iters": timing.timed_iters,
-        "l2_flush": timing.l2_flush, "samples_ms": timing.samples_ms, "median_ms": med,
-        "p20_ms": timing.p20_ms, "p80_ms": timing.p80_ms, "warmup_s": timing.warmup_wall_s,
-        "timer_wall_s": timing.wall_s, "flops": flops, "flop_model": "softmax_exact_area",
-        "tflops": flops / (med * 1e-3 * world) / 1e12, "tokens_per_s": tokens / (med * 1e-3),
+        "timer": timing.timer,
+        "warmup_iters": timing.warmup_iters,
+        "timed_iters": timing.timed_iters,
+        "l2_flush": timing.l2_flush,
+        "samples_ms": timing.samples_ms,
+        "median_ms": med,
+        "p20_ms": timing.p20_ms,
+        "p80_ms": timing.p80_ms,
+        "warmup_s": timing.warmup_wall_s,
+        "timer_wall_s": timing.wall_s,
+        "flops": flops,
+        "flop_model": "softmax_exact_area",
+        "tflops": flops / (med * 1e-3 * world) / 1e12,
+        "tokens_per_s": tokens / (med * 1e-3),
     }
 
 
@@ -113,8 +144,10 @@ def gate_peak(row: dict[str, Any], device: torch.device) -> None:
     peak, source = peak_tflops(device, environment(device.type)["device_name"], row["dtype"])
     if row.get("tflops") is not None and row["tflops"] > peak:
         row["status"] = Status.ERROR.value
-        row["reason"] = (f"throughput {row['tflops']:.1f} TFLOP/s above the device peak {peak:.1f} ({source}): "
-                         "a measurement or FLOP-count bug, not a result")
+        row["reason"] = (
+            f"throughput {row['tflops']:.1f} TFLOP/s above the device peak {peak:.1f} ({source}): "
+            "a measurement or FLOP-count bug, not a result"
+        )
 
 
 def classify(exc: BaseException) -> tuple[str, str]:

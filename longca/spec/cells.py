@@ -72,13 +72,25 @@ class Cell:
 
     @property
     def partition(self) -> list[tuple[str, Any]]:
-        keys = [("sweep", self.sweep), ("kernel", self.kernel), ("mask", self.mask),
-                ("mask_variant", self.mask_variant), ("seqlen_q", self.seqlen), ("heads_q", self.heads_q),
-                ("heads_kv", self.heads_kv), ("head_dim", self.head_dim), ("dtype", self.dtype),
-                ("pass", self.pass_), ("batch", self.batch)]
+        keys = [
+            ("sweep", self.sweep),
+            ("kernel", self.kernel),
+            ("mask", self.mask),
+            ("mask_variant", self.mask_variant),
+            ("seqlen_q", self.seqlen),
+            ("heads_q", self.heads_q),
+            ("heads_kv", self.heads_kv),
+            ("head_dim", self.head_dim),
+            ("dtype", self.dtype),
+            ("pass", self.pass_),
+            ("batch", self.batch),
+        ]
         if self.cp_mechanism is not None:
-            keys += [("world_size", self.world_size), ("cp_mechanism", self.cp_mechanism),
-                     ("cp_variant", self.cp_variant)]
+            keys += [
+                ("world_size", self.world_size),
+                ("cp_mechanism", self.cp_mechanism),
+                ("cp_variant", self.cp_variant),
+            ]
         return keys
 
     @property
@@ -114,7 +126,7 @@ class Cell:
         return d
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "Cell":
+    def from_json(cls, d: dict[str, Any]) -> Cell:
         d = {k: v for k, v in d.items() if k not in ("id", "digest")}
         for key in ("mask_params", "repeat", "cp_degrees"):
             d[key] = tuple(tuple(x) for x in d[key])
@@ -132,8 +144,10 @@ def _samples(sw: Sweep, mask: MaskChoice) -> int:
 
 def _excluded(sw: Sweep, values: dict[str, Any]) -> bool:
     """Whether an `exclude` rule of the sweep matches every one of its keys (values normalised)."""
-    return any(all(normalise(key, want) == normalise(key, values[axis_name(key)]) for key, want in rule.items())
-               for rule in sw.exclude)
+    return any(
+        all(normalise(key, want) == normalise(key, values[axis_name(key)]) for key, want in rule.items())
+        for rule in sw.exclude
+    )
 
 
 def _divisors(n: int) -> list[int]:
@@ -210,27 +224,63 @@ def expand(spec: Spec) -> list[Cell]:
         if sw.cp:
             cp_variants = [
                 (w, mech, degrees, sw.cp.get("balance", "auto"), sw.cp.get("backend", "auto"))
-                for mech in sw.cp["mechanisms"] for w in sw.cp["world_sizes"]
+                for mech in sw.cp["mechanisms"]
+                for w in sw.cp["world_sizes"]
                 for degrees in cp_layouts(mech, w, sw.cp)
             ]
         for seqlen, kernel, mask, (hq, hkv), d, dtype, p, b, cpv in itertools.product(
-                sorted(sw.seqlens), sw.kernels, sw.masks, sw.heads, sw.head_dims, sw.dtypes, sw.passes, sw.batch,
-                cp_variants):
+            sorted(sw.seqlens),
+            sw.kernels,
+            sw.masks,
+            sw.heads,
+            sw.head_dims,
+            sw.dtypes,
+            sw.passes,
+            sw.batch,
+            cp_variants,
+        ):
             world, mech, degrees, balance, backend = cpv
-            values = {"kernel": kernel, "mask": mask.name, "seqlen": seqlen, "heads": f"{hq}:{hkv}",
-                      "head_dim": d, "dtype": dtype, "pass": p, "batch": b, "cp_mechanism": mech,
-                      "world_size": world}
+            values = {
+                "kernel": kernel,
+                "mask": mask.name,
+                "seqlen": seqlen,
+                "heads": f"{hq}:{hkv}",
+                "head_dim": d,
+                "dtype": dtype,
+                "pass": p,
+                "batch": b,
+                "cp_mechanism": mech,
+                "world_size": world,
+            }
             if _excluded(sw, values):
                 continue
-            cells.append(Cell(
-                spec=spec.name, sweep=sw.name, kernel=kernel, mask=mask.name, mask_params=mask.params,
-                seqlen=seqlen, heads_q=hq, heads_kv=hkv, head_dim=d, dtype=dtype, pass_=p, batch=b,
-                device=spec.device, seed=spec.seed, samples=_samples(sw, mask), repeat=repeat,
-                check=late_checks.get(dtype, check),
-                timeout_s=sw.timeout_s, world_size=world, cp_mechanism=mech, cp_degrees=degrees,
-                cp_balance=resolve_balance(balance, mask.name, degrees) if mech else None,
-                cp_backend=resolve_backend(backend, spec.device) if mech else None,
-            ))
+            cells.append(
+                Cell(
+                    spec=spec.name,
+                    sweep=sw.name,
+                    kernel=kernel,
+                    mask=mask.name,
+                    mask_params=mask.params,
+                    seqlen=seqlen,
+                    heads_q=hq,
+                    heads_kv=hkv,
+                    head_dim=d,
+                    dtype=dtype,
+                    pass_=p,
+                    batch=b,
+                    device=spec.device,
+                    seed=spec.seed,
+                    samples=_samples(sw, mask),
+                    repeat=repeat,
+                    check=late_checks.get(dtype, check),
+                    timeout_s=sw.timeout_s,
+                    world_size=world,
+                    cp_mechanism=mech,
+                    cp_degrees=degrees,
+                    cp_balance=resolve_balance(balance, mask.name, degrees) if mech else None,
+                    cp_backend=resolve_backend(backend, spec.device) if mech else None,
+                )
+            )
     ids = [c.relpath() for c in cells]
     if len(set(ids)) != len(ids):
         raise ValueError("two cells map to one path: duplicate axis values in the spec")

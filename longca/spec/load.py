@@ -41,9 +41,11 @@ DEFAULTS: dict[str, Any] = {
     "seed": 0,
     "repeat": {"warmup": 5, "iters": 20, "min_iters": 3, "budget_s": 10.0, "l2_flush": True},
     # Tolerances on ||x - ref|| / ||ref|| per dtype; gradients get `grad_factor` times more.
-    "check": {"enabled": True, "max_seqlen": 8192,
-              "tolerance": {"float64": 1e-6, "float32": 5e-3, "float16": 1e-2, "bfloat16": 3e-2,
-                            "grad_factor": 3.0}},
+    "check": {
+        "enabled": True,
+        "max_seqlen": 8192,
+        "tolerance": {"float64": 1e-6, "float32": 5e-3, "float16": 1e-2, "bfloat16": 3e-2, "grad_factor": 3.0},
+    },
     "timeout_s": 600.0,
     "chunk_size": 100,
     # The paper: 30 samples of multi-document masks, 2 of single-sequence sampled masks.
@@ -190,25 +192,34 @@ def _build(raw: dict, text: str, path: str) -> Spec:
         seqlens = tuple(parse_seqlen(s, f"{where}.seqlens.{j}") for j, s in enumerate(merged["seqlens"]))
         heads = tuple(tuple(int(x) for x in h.split(":")) for h in merged["heads"])
         dtypes = tuple(DTYPE_ALIASES.get(d, d) for d in merged["dtypes"])
-        sweeps.append(Sweep(
-            name=sw["name"],
-            kernels=tuple(merged["kernels"]),
-            masks=tuple(_mask_choice(m) for m in merged["masks"]),
-            seqlens=seqlens,
-            heads=heads,  # type: ignore[arg-type]
-            head_dims=tuple(merged["head_dims"]),
-            dtypes=dtypes,
-            passes=tuple(merged["passes"]),
-            batch=tuple(merged["batch"]),
-            repeat=dict(merged["repeat"]),
-            timeout_s=float(merged["timeout_s"]),
-            chunk_size=int(merged["chunk_size"]),
-            exclude=tuple(sw.get("exclude", ())),
-            cp=dict(sw["cp"]) if "cp" in sw else None,
-            mask_samples=dict(merged["mask_samples"]),
-        ))
+        sweeps.append(
+            Sweep(
+                name=sw["name"],
+                kernels=tuple(merged["kernels"]),
+                masks=tuple(_mask_choice(m) for m in merged["masks"]),
+                seqlens=seqlens,
+                heads=heads,  # type: ignore[arg-type]
+                head_dims=tuple(merged["head_dims"]),
+                dtypes=dtypes,
+                passes=tuple(merged["passes"]),
+                batch=tuple(merged["batch"]),
+                repeat=dict(merged["repeat"]),
+                timeout_s=float(merged["timeout_s"]),
+                chunk_size=int(merged["chunk_size"]),
+                exclude=tuple(sw.get("exclude", ())),
+                cp=dict(sw["cp"]) if "cp" in sw else None,
+                mask_samples=dict(merged["mask_samples"]),
+            )
+        )
     return Spec(
-        name=raw["name"], description=top["description"], device=top["device"], seed=int(top["seed"]),
-        check=top["check"], mask_samples=top["mask_samples"], sweeps=tuple(sweeps), source=text, path=path,
+        name=raw["name"],
+        description=top["description"],
+        device=top["device"],
+        seed=int(top["seed"]),
+        check=top["check"],
+        mask_samples=top["mask_samples"],
+        sweeps=tuple(sweeps),
+        source=text,
+        path=path,
         raw=raw,
     )

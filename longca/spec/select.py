@@ -8,8 +8,11 @@ from collections.abc import Callable, Iterable
 from longca.spec.cells import Cell, unknown_sweep
 from longca.vocab import AXES, AXIS_ALIASES, axis_name, normalise
 
-ONLY_HELP = ("only cells with this value (repeatable; repeated keys are alternatives), keys: " + ", ".join(AXES)
-             + " (seqlen_q is seqlen; lengths as 32K, dtypes as bf16 are accepted)")
+ONLY_HELP = (
+    "only cells with this value (repeatable; repeated keys are alternatives), keys: "
+    + ", ".join(AXES)
+    + " (seqlen_q is seqlen; lengths as 32K, dtypes as bf16 are accepted)"
+)
 
 
 def check_selection(spec_name: str, cells: list, sweeps: Iterable[str] | None, only: list[str]) -> None:
@@ -24,8 +27,10 @@ def check_selection(spec_name: str, cells: list, sweeps: Iterable[str] | None, o
     for key, values in _wanted(only).items():
         present = {_value_of(c, key) for c in cells}
         for v in sorted(values - present):
-            raise ValueError(f"--only {key}={v}: no cell of the selected sweeps has it; allowed: "
-                             f"{', '.join(sorted(present, key=_natural))}")
+            raise ValueError(
+                f"--only {key}={v}: no cell of the selected sweeps has it; allowed: "
+                f"{', '.join(sorted(present, key=_natural))}"
+            )
 
 
 def _natural(s: str):
@@ -39,8 +44,10 @@ def _wanted(only: list[str]) -> dict[str, set[str]]:
         if not sep:
             raise ValueError(f"--only {item!r}: expected KEY=VALUE")
         if AXIS_ALIASES.get(key, key) not in AXES:
-            raise ValueError(f"--only: unknown key {key!r}; allowed: {', '.join(AXES)} "
-                             f"(or a row column name: {', '.join(k for k in AXIS_ALIASES if '_' in k)})")
+            raise ValueError(
+                f"--only: unknown key {key!r}; allowed: {', '.join(AXES)} "
+                f"(or a row column name: {', '.join(k for k in AXIS_ALIASES if '_' in k)})"
+            )
         name = axis_name(key)
         try:
             wanted.setdefault(name, set()).add(normalise(name, value))
@@ -57,5 +64,6 @@ def selector(only: list[str], sweeps: Iterable[str] | None = None) -> Callable[[
     """A predicate: is a cell in one of `sweeps` (any, when none are given) with one of the wanted
     values for every --only key?"""
     wanted, chosen = _wanted(only), set(sweeps or ())
-    return lambda cell: ((not chosen or cell.sweep in chosen)
-                         and all(_value_of(cell, k) in vals for k, vals in wanted.items()))
+    return lambda cell: (
+        (not chosen or cell.sweep in chosen) and all(_value_of(cell, k) in vals for k, vals in wanted.items())
+    )

@@ -31,7 +31,9 @@ def check_mask_params(name: str, params: dict[str, Any], where: str) -> None:
     declared = {p.name: p for p in pattern.params}
     for key, value in params.items():
         if key not in declared:
-            raise SpecError(f"{where}.{key}", f"mask {name!r} has no parameter {key!r}; allowed: {sorted(declared) or 'none'}")
+            raise SpecError(
+                f"{where}.{key}", f"mask {name!r} has no parameter {key!r}; allowed: {sorted(declared) or 'none'}"
+            )
         try:  # the parameter's own typed check (types, bounds, choices, names)
             declared[key].coerce(name, value)
         except ValueError as exc:
@@ -54,8 +56,9 @@ def check_spec(spec: Spec) -> None:
             if hq < 1 or hkv < 1:
                 raise SpecError(f"{where}.heads.{j}", f"'{hq}:{hkv}': head counts must be at least 1")
             if hq % hkv:
-                raise SpecError(f"{where}.heads.{j}",
-                                f"'{hq}:{hkv}': query heads must be a multiple of KV heads (GQA groups)")
+                raise SpecError(
+                    f"{where}.heads.{j}", f"'{hq}:{hkv}': query heads must be a multiple of KV heads (GQA groups)"
+                )
         for j, d in enumerate(sw.head_dims):
             if d % 8:
                 raise SpecError(f"{where}.head_dims.{j}", f"{d}: head dims must be multiples of 8")
@@ -63,15 +66,21 @@ def check_spec(spec: Spec) -> None:
         if "warmup_s" in rep:
             w = rep["warmup_s"]
             if isinstance(w, bool) or not isinstance(w, (int, float)) or not (0 < w < math.inf):
-                raise SpecError(f"{where}.repeat.warmup_s",
-                                f"{w!r}: the warm-up time budget must be a positive, finite number of seconds")
+                raise SpecError(
+                    f"{where}.repeat.warmup_s",
+                    f"{w!r}: the warm-up time budget must be a positive, finite number of seconds",
+                )
         if sw.cp is not None and rep.get("backward") == "fresh_forward":
-            raise SpecError(f"{where}.repeat.backward",
-                            "'fresh_forward' is not available to context-parallel sweeps: their backward is "
-                            "always timed on one forward's graph (allowed here: retained_graph)")
+            raise SpecError(
+                f"{where}.repeat.backward",
+                "'fresh_forward' is not available to context-parallel sweeps: their backward is "
+                "always timed on one forward's graph (allowed here: retained_graph)",
+            )
         if rep.get("min_iters", 1) > rep.get("iters", 1):
-            raise SpecError(f"{where}.repeat.min_iters",
-                            f"{rep['min_iters']} exceeds repeat.iters={rep['iters']}; min_iters must be <= iters")
+            raise SpecError(
+                f"{where}.repeat.min_iters",
+                f"{rep['min_iters']} exceeds repeat.iters={rep['iters']}; min_iters must be <= iters",
+            )
         _check_excludes(sw, where)
         if sw.cp is not None:
             _check_cp(spec, sw, where)
@@ -81,9 +90,14 @@ def check_spec(spec: Spec) -> None:
 
 def _check_excludes(sw, where: str) -> None:
     axis_values = {
-        "kernel": set(sw.kernels), "mask": {m.name for m in sw.masks}, "seqlen": set(sw.seqlens),
-        "heads": {f"{a}:{b}" for a, b in sw.heads}, "head_dim": set(sw.head_dims), "dtype": set(sw.dtypes),
-        "pass": set(sw.passes), "batch": set(sw.batch),
+        "kernel": set(sw.kernels),
+        "mask": {m.name for m in sw.masks},
+        "seqlen": set(sw.seqlens),
+        "heads": {f"{a}:{b}" for a, b in sw.heads},
+        "head_dim": set(sw.head_dims),
+        "dtype": set(sw.dtypes),
+        "pass": set(sw.passes),
+        "batch": set(sw.batch),
     }
     if sw.cp:
         axis_values["cp_mechanism"] = set(sw.cp["mechanisms"])
@@ -91,20 +105,26 @@ def _check_excludes(sw, where: str) -> None:
     for j, rule in enumerate(sw.exclude):
         for key, value in rule.items():
             if key not in axis_values:
-                raise SpecError(f"{where}.exclude.{j}.{key}", f"this sweep has no axis {key!r}; allowed: {sorted(axis_values)}")
+                raise SpecError(
+                    f"{where}.exclude.{j}.{key}", f"this sweep has no axis {key!r}; allowed: {sorted(axis_values)}"
+                )
             v = parse_seqlen(value, f"{where}.exclude.{j}.seqlen") if key == "seqlen" else value
             if key == "dtype":
                 v = normalise(key, v)
             if v not in axis_values[key]:
-                raise SpecError(f"{where}.exclude.{j}.{key}",
-                                f"{value!r} is not a value of this sweep's axis; allowed: {sorted(map(str, axis_values[key]))}")
+                raise SpecError(
+                    f"{where}.exclude.{j}.{key}",
+                    f"{value!r} is not a value of this sweep's axis; allowed: {sorted(map(str, axis_values[key]))}",
+                )
 
 
 def _excluded_by_rule(sw, values: dict[str, Any]) -> bool:
     """Whether an `exclude` rule whose keys are all among `values` matches them (a combination of
     axis values checked below that no cell will have)."""
-    return any(set(rule) <= set(values) and all(normalise(k, v) == normalise(k, values[k]) for k, v in rule.items())
-               for rule in sw.exclude)
+    return any(
+        set(rule) <= set(values) and all(normalise(k, v) == normalise(k, values[k]) for k, v in rule.items())
+        for rule in sw.exclude
+    )
 
 
 def _check_cp(spec: Spec, sw, where: str) -> None:
@@ -115,13 +135,17 @@ def _check_cp(spec: Spec, sw, where: str) -> None:
     cp = sw.cp
     for j, name in enumerate(sw.kernels):
         if registry.get(name).caps.cp is None:
-            raise SpecError(f"{where}.kernels.{j}",
-                            f"{name!r} cannot be a context-parallel per-rank kernel (it must return the LSE and take "
-                            f"the combined output and LSE in its backward); allowed: {registry.rank_kernel_names()}")
+            raise SpecError(
+                f"{where}.kernels.{j}",
+                f"{name!r} cannot be a context-parallel per-rank kernel (it must return the LSE and take "
+                f"the combined output and LSE in its backward); allowed: {registry.rank_kernel_names()}",
+            )
     for j, d in enumerate(sw.dtypes):
         if d not in CP_DTYPES:
-            raise SpecError(f"{where}.dtypes.{j}",
-                            f"{d!r} is not available to context-parallel sweeps; allowed: {sorted(CP_DTYPES)}")
+            raise SpecError(
+                f"{where}.dtypes.{j}",
+                f"{d!r} is not available to context-parallel sweeps; allowed: {sorted(CP_DTYPES)}",
+            )
     backend = cp.get("backend", "auto")
     if spec.device == "cpu" and backend == "nccl":
         raise SpecError(f"{where}.cp.backend", "'nccl' needs device: cuda; allowed on cpu: ['auto', 'gloo']")
@@ -133,22 +157,29 @@ def _check_cp(spec: Spec, sw, where: str) -> None:
             continue
         params = resolve_params(m.name, m.params_dict)
         if params.get("score") != "random":
-            raise SpecError(f"{where}.masks.{j}.score",
-                            f"{params.get('score')!r}: context-parallel cells draw each rank's inputs separately, so "
-                            f"scores of the global inputs do not exist; allowed: 'random'")
+            raise SpecError(
+                f"{where}.masks.{j}.score",
+                f"{params.get('score')!r}: context-parallel cells draw each rank's inputs separately, so "
+                f"scores of the global inputs do not exist; allowed: 'random'",
+            )
         if cp.get("balance") == Balance.DOCUMENT:
-            raise SpecError(f"{where}.cp.balance", f"'document' balances slice masks by row area, not the block-sparse "
-                                                   f"mask {m.name!r}; allowed here: auto, contiguous, zigzag")
+            raise SpecError(
+                f"{where}.cp.balance",
+                f"'document' balances slice masks by row area, not the block-sparse "
+                f"mask {m.name!r}; allowed here: auto, contiguous, zigzag",
+            )
     for j, w in enumerate(cp["world_sizes"]):
         if w < 2:
             raise SpecError(f"{where}.cp.world_sizes.{j}", f"{w}: context parallelism needs at least 2 processes")
         for mech in cp["mechanisms"]:
             layouts = cp_layouts(mech, w, cp)
             if not layouts and not _excluded_by_rule(sw, {"cp_mechanism": mech, "world_size": w}):
-                raise SpecError(f"{where}.cp.world_sizes.{j}",
-                                f"{w}: {mech} has no degree split at this world size (ulysses_degrees "
-                                f"{cp.get('ulysses_degrees')}, loongtrain_windows {cp.get('loongtrain_windows')}); "
-                                f"allowed: world sizes that one of those divides")
+                raise SpecError(
+                    f"{where}.cp.world_sizes.{j}",
+                    f"{w}: {mech} has no degree split at this world size (ulysses_degrees "
+                    f"{cp.get('ulysses_degrees')}, loongtrain_windows {cp.get('loongtrain_windows')}); "
+                    f"allowed: world sizes that one of those divides",
+                )
             for degrees in layouts:
                 _check_cp_layout(sw, where, mech, w, degrees, cp)
 
@@ -166,14 +197,18 @@ def _check_cp_layout(sw, where: str, mech: str, w: int, degrees: tuple, cp: dict
         try:
             kv_replication(hq, hkv, u)
         except Unsupported as exc:
-            raise SpecError(f"{where}.heads.{k}",
-                            f"'{hq}:{hkv}' cannot run {mech} at world_size {w} (Ulysses degree {u}): {exc}; allowed: "
-                            f"query heads divisible by {u}, KV heads divisible by {u} or dividing it") from None
+            raise SpecError(
+                f"{where}.heads.{k}",
+                f"'{hq}:{hkv}' cannot run {mech} at world_size {w} (Ulysses degree {u}): {exc}; allowed: "
+                f"query heads divisible by {u}, KV heads divisible by {u} or dividing it",
+            ) from None
     for m in sw.masks:
         balance = resolve_balance(cp.get("balance", Balance.AUTO), m.name, degrees)
         g = granule(balance, w)
         for i, s in enumerate(sw.seqlens):
             if s % g and not _excluded_by_rule(sw, {**values, "mask": m.name, "seqlen": s}):
-                raise SpecError(f"{where}.seqlens.{i}",
-                                f"{s} is not divisible by {g}, which balance {balance!r} needs at world_size {w} "
-                                f"({mech}, mask {m.name}); allowed: multiples of {g}")
+                raise SpecError(
+                    f"{where}.seqlens.{i}",
+                    f"{s} is not divisible by {g}, which balance {balance!r} needs at world_size {w} "
+                    f"({mech}, mask {m.name}); allowed: multiples of {g}",
+                )

@@ -97,8 +97,19 @@ def keep_rows_outside(new_file: str | Path, old_file: str | Path) -> int:
     return kept.num_rows
 
 
-_PATH_KEYS = ["sweep", "kernel", "mask", "mask_variant", "seqlen_q", "heads_q", "heads_kv", "head_dim", "dtype",
-              "pass", "batch"]
+_PATH_KEYS = [
+    "sweep",
+    "kernel",
+    "mask",
+    "mask_variant",
+    "seqlen_q",
+    "heads_q",
+    "heads_kv",
+    "head_dim",
+    "dtype",
+    "pass",
+    "batch",
+]
 _CP_PATH_KEYS = ["world_size", "cp_mechanism", "cp_variant"]
 
 

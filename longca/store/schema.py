@@ -59,17 +59,26 @@ _FIELDS: list[tuple[str, pa.DataType, str]] = [
     # context parallelism
     ("world_size", pa.int32(), "processes (GPUs) of the cell; 1 for a single device"),
     ("cp_mechanism", pa.string(), "null for a single device"),
-    ("cp_degrees", pa.string(), "JSON, e.g. {\"ulysses\": 2, \"ring\": 2}"),
+    ("cp_degrees", pa.string(), 'JSON, e.g. {"ulysses": 2, "ring": 2}'),
     ("cp_variant", pa.string(), "label of degrees and balancing (path key)"),
     ("cp_balance", pa.string(), "sharding: contiguous | zigzag | document"),
     ("rank_ms", pa.list_(pa.float64()), "median time per rank"),
     ("rank_area", pa.list_(pa.int64()), "attended area computed by each rank"),
     ("rank_bytes_sent", pa.list_(pa.int64()), "bytes sent per rank per iteration"),
     ("rank_peak_mem_bytes", pa.list_(pa.int64()), ""),
-    ("comm_exposed_ms", pa.float64(), "communication time not hidden behind compute: median iteration minus median with communication replaced by no-ops (noise can make it slightly negative; not clipped)"),
+    (
+        "comm_exposed_ms",
+        pa.float64(),
+        "communication time not hidden behind compute: median iteration minus median with communication "
+        "replaced by no-ops (noise can make it slightly negative; not clipped)",
+    ),
     # timing
-    ("timer", pa.string(), "cuda_events | cpu_monotonic | do_bench; '+retained_graph' appended when every "
-     "backward sample ran on one forward's graph (repeat.backward: retained_graph)"),
+    (
+        "timer",
+        pa.string(),
+        "cuda_events | cpu_monotonic | do_bench; '+retained_graph' appended when every "
+        "backward sample ran on one forward's graph (repeat.backward: retained_graph)",
+    ),
     ("warmup_iters", pa.int32(), "warm-up iterations run (fewer than the spec's count when repeat.warmup_s cut them)"),
     ("timed_iters", pa.int32(), ""),
     ("l2_flush", pa.bool_(), ""),
@@ -80,14 +89,30 @@ _FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("mask_build_s", pa.float64(), "mask construction, outside kernel time"),
     ("compile_s", pa.float64(), "first warm-up call beyond a steady one (compilation, autotune), outside kernel time"),
     ("cell_wall_s", pa.float64(), "wall time of the whole cell"),
-    ("check_s", pa.float64(), "wall seconds the cell spent in its correctness check (0 when the check came from "
-                              "the process's cache); the cell's, repeated on each of its rows (since v2)"),
-    ("timer_wall_s", pa.float64(), "wall seconds of this row's timer call: warm-up, untimed calls before each "
-                                   "timed one (fresh forwards), L2 flushes, timed calls (since v2)"),
-    ("warmup_s", pa.float64(), "wall seconds of this row's warm-up iterations, compile_s included; capped by "
-                               "the spec's repeat.warmup_s if set (since v2)"),
-    ("cooldown_s", pa.float64(), "wall seconds idle before this row's measurement (the spec's repeat.cooldown_s, "
-                                 "for the GPU clock to recover); 0 without one (since v3)"),
+    (
+        "check_s",
+        pa.float64(),
+        "wall seconds the cell spent in its correctness check (0 when the check came from "
+        "the process's cache); the cell's, repeated on each of its rows (since v2)",
+    ),
+    (
+        "timer_wall_s",
+        pa.float64(),
+        "wall seconds of this row's timer call: warm-up, untimed calls before each "
+        "timed one (fresh forwards), L2 flushes, timed calls (since v2)",
+    ),
+    (
+        "warmup_s",
+        pa.float64(),
+        "wall seconds of this row's warm-up iterations, compile_s included; capped by "
+        "the spec's repeat.warmup_s if set (since v2)",
+    ),
+    (
+        "cooldown_s",
+        pa.float64(),
+        "wall seconds idle before this row's measurement (the spec's repeat.cooldown_s, "
+        "for the GPU clock to recover); 0 without one (since v3)",
+    ),
     ("flops", pa.float64(), "FLOPs of one timed iteration (exact mask area)"),
     ("flop_model", pa.string(), "softmax_exact_area | linear_<family>"),
     ("tflops", pa.float64(), "flops / median time; per-GPU for CP"),
@@ -99,8 +124,12 @@ _FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("rel_err_dk", pa.float64(), ""),
     ("rel_err_dv", pa.float64(), ""),
     ("check_seqlen", pa.int64(), "length at which the correctness check ran"),
-    ("backend", pa.string(), "what actually ran (SDPA: flash / efficient / cudnn / math; "
-                             "Triton block-sparse: its tiles; fla: version, function, chunk)"),
+    (
+        "backend",
+        pa.string(),
+        "what actually ran (SDPA: flash / efficient / cudnn / math; "
+        "Triton block-sparse: its tiles; fla: version, function, chunk)",
+    ),
     # status
     ("status", pa.string(), "ok | unsupported | oom | error | timeout | incorrect"),
     ("reason", pa.string(), "why, for every status but ok"),
@@ -126,9 +155,30 @@ _FIELDS: list[tuple[str, pa.DataType, str]] = [
 
 SCHEMA = pa.schema([pa.field(n, t, nullable=True, metadata={"doc": d} if d else None) for n, t, d in _FIELDS])
 COLUMNS = [n for n, _, _ in _FIELDS]
-REQUIRED = ("kernel", "mask", "pass", "seqlen_q", "seqlen_k", "batch", "heads_q", "heads_kv", "head_dim",
-            "dtype", "world_size", "cp_mechanism", "status", "reason", "median_ms", "p20_ms", "p80_ms",
-            "tflops", "mask_area", "peak_mem_bytes", "device_name", "schema_version")
+REQUIRED = (
+    "kernel",
+    "mask",
+    "pass",
+    "seqlen_q",
+    "seqlen_k",
+    "batch",
+    "heads_q",
+    "heads_kv",
+    "head_dim",
+    "dtype",
+    "world_size",
+    "cp_mechanism",
+    "status",
+    "reason",
+    "median_ms",
+    "p20_ms",
+    "p80_ms",
+    "tflops",
+    "mask_area",
+    "peak_mem_bytes",
+    "device_name",
+    "schema_version",
+)
 
 
 def to_table(rows: list[dict[str, Any]]) -> pa.Table:

@@ -42,17 +42,35 @@ def test_rows_of_an_aggregate_count_as_done_and_the_selection_narrows(tmp_path: 
     cells = [c for c in expand(load_spec(SPEC)) if c.sweep == "dense" and c.kernel == "naive"]
     agg = tmp_path / "all.parquet"
     pq.write_table(pa.table({"cell_digest": [c.digest for c in cells[:5]]}), agg)
-    assert main(["plan", SPEC, "--results", str(tmp_path / "none"), "--rows", str(agg), "--sweep", "dense",
-                 "--only", "kernel=naive"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                SPEC,
+                "--results",
+                str(tmp_path / "none"),
+                "--rows",
+                str(agg),
+                "--sweep",
+                "dense",
+                "--only",
+                "kernel=naive",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert f"({len(cells)} selected); {len(cells) - 5} to run" in out
     assert _table_rows(out) == {("dense", "naive", "-"): (len(cells), 5, len(cells) - 5, 0)}
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--sweep", "dens"], "--sweep 'dens': no such sweep in 'default'; allowed: cp, dense, shapes, sparse"),
-    (["--only", "kernel=cudnn"], "--only kernel=cudnn: no cell of the selected sweeps has it; allowed: "),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--sweep", "dens"], "--sweep 'dens': no such sweep in 'default'; allowed: cp, dense, shapes, sparse"),
+        (["--only", "kernel=cudnn"], "--only kernel=cudnn: no cell of the selected sweeps has it; allowed: "),
+    ],
+)
 def test_a_selection_matching_no_cell_names_the_allowed_values(tmp_path: Path, capsys, args, message) -> None:
     assert main(["plan", SPEC, "--results", str(tmp_path), *args]) == 2
     assert message in capsys.readouterr().err

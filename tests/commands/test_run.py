@@ -22,12 +22,18 @@ import pytest  # noqa: E402
 from longca.cli import main  # noqa: E402
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--sweep", "dens"], "--sweep 'dens': no such sweep in 'default'; allowed: cp, dense, shapes, sparse"),
-    (["--only", "kernel=cudnn"], "--only kernel=cudnn: no cell of the selected sweeps has it; allowed: "),
-    (["--sweep", "dense", "--only", "seqlen=1K"], "--only seqlen=1024: no cell of the selected sweeps has it; allowed: 256, 512"),
-    (["--only", "colour=red"], "--only: unknown key 'colour'; allowed: kernel, mask, seqlen"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--sweep", "dens"], "--sweep 'dens': no such sweep in 'default'; allowed: cp, dense, shapes, sparse"),
+        (["--only", "kernel=cudnn"], "--only kernel=cudnn: no cell of the selected sweeps has it; allowed: "),
+        (
+            ["--sweep", "dense", "--only", "seqlen=1K"],
+            "--only seqlen=1024: no cell of the selected sweeps has it; allowed: 256, 512",
+        ),
+        (["--only", "colour=red"], "--only: unknown key 'colour'; allowed: kernel, mask, seqlen"),
+    ],
+)
 def test_selection_matching_no_cell_is_an_error_naming_the_allowed_values(tmp_path, capsys, args, message):
     assert main(["run", "--spec", "specs/default.yaml", "--results", str(tmp_path), *args]) == 2
     assert message in capsys.readouterr().err
@@ -45,8 +51,22 @@ def test_only_takes_row_column_names_and_written_lengths():
 
 def test_selection_limited_to_the_chosen_sweeps(tmp_path, capsys):
     # sparse's kernel exists in the spec, but not in the dense sweep
-    assert main(["run", "--spec", "specs/default.yaml", "--results", str(tmp_path), "--sweep", "dense",
-                 "--only", "kernel=triton_block_sparse"]) == 2
+    assert (
+        main(
+            [
+                "run",
+                "--spec",
+                "specs/default.yaml",
+                "--results",
+                str(tmp_path),
+                "--sweep",
+                "dense",
+                "--only",
+                "kernel=triton_block_sparse",
+            ]
+        )
+        == 2
+    )
     assert "--only kernel=triton_block_sparse: no cell of the selected sweeps has it" in capsys.readouterr().err
 
 
@@ -84,17 +104,37 @@ def test_changed_protocol_reruns_its_sweep_and_the_report_draws_the_latest(tmp_p
     results, v1, v2 = tmp_path / "results", tmp_path / "v1.yaml", tmp_path / "v2.yaml"
     v1.write_text(SPEC_V1)
     # the dense sweep alone gets the sweep-efficiency protocol: new digests there, nowhere else
-    v2.write_text(SPEC_V1.replace("    seqlens: [64]\n  - name: other", "    seqlens: [64]\n    repeat: {warmup: 3, "
-                                  "warmup_s: 0.01, iters: 4, min_iters: 2, budget_s: 0.05, l2_flush: false, "
-                                  "backward: retained_graph}\n  - name: other", 1))
+    v2.write_text(
+        SPEC_V1.replace(
+            "    seqlens: [64]\n  - name: other",
+            "    seqlens: [64]\n    repeat: {warmup: 3, "
+            "warmup_s: 0.01, iters: 4, min_iters: 2, budget_s: 0.05, l2_flush: false, "
+            "backward: retained_graph}\n  - name: other",
+            1,
+        )
+    )
     assert main(["run", "--spec", str(v1), "--results", str(results)]) == 0
     assert main(["aggregate", "--spec", str(v1), "--results", str(results), "--out", str(tmp_path / "a1.parquet")]) == 0
     files_v1 = set(results.rglob("cell-*.parquet"))
     assert main(["run", "--spec", str(v2), "--results", str(results)]) == 0
     new_files = set(results.rglob("cell-*.parquet")) - files_v1
     assert len(new_files) == 4 and all("sweep=dense" in str(f) for f in new_files)  # 2 masks x 2 passes
-    assert main(["aggregate", "--spec", str(v2), "--results", str(results), "--out", str(tmp_path / "a2.parquet"),
-                 "--keep", str(tmp_path / "a1.parquet")]) == 0
+    assert (
+        main(
+            [
+                "aggregate",
+                "--spec",
+                str(v2),
+                "--results",
+                str(results),
+                "--out",
+                str(tmp_path / "a2.parquet"),
+                "--keep",
+                str(tmp_path / "a1.parquet"),
+            ]
+        )
+        == 0
+    )
     assert "kept 4 rows of cells outside the spec" in capsys.readouterr().out
     a2 = pq.read_table(tmp_path / "a2.parquet")
     assert a2.num_rows == 4 + 4 + 2  # new dense, old dense, the other sweep once
@@ -118,9 +158,11 @@ def test_run_writes_the_planned_unsupported_cells_before_any_device_work(tmp_pat
     spec = tmp_path / "order.yaml"
     # varlen takes document masks only: its full-mask cells are planned unsupported, and they come
     # after naive's in plan order
-    spec.write_text("name: order\ndevice: cpu\nheads: ['2:2']\nhead_dims: [16]\ndtypes: [float32]\n"
-                    "passes: [fwd]\nsweeps:\n  - name: dense\n    kernels: [naive, varlen]\n    masks: [full]\n"
-                    "    seqlens: [64, 128]\n")
+    spec.write_text(
+        "name: order\ndevice: cpu\nheads: ['2:2']\nhead_dims: [16]\ndtypes: [float32]\n"
+        "passes: [fwd]\nsweeps:\n  - name: dense\n    kernels: [naive, varlen]\n    masks: [full]\n"
+        "    seqlens: [64, 128]\n"
+    )
     calls = []
     monkeypatch.setattr(longca.run.chunk, "run_chunk", lambda spec, outputs, *a, **k: calls.append(outputs) or 0)
     assert main(["run", "--spec", str(spec), "--results", str(tmp_path / "r")]) == 0

@@ -27,12 +27,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from longca.kernels.rank import Naive, TritonBlockSparse
-from longca.kernels.registry import rank_kernel
 from longca.cp.mechanisms import build_plan, cp_attention
 from longca.cp.reference import reference_attention, rel_err
 from longca.cp.sharding import make_sharding
-from longca.cp.submask import layout_step_areas, layouts_of_groups, sub_layout
+from longca.cp.submask import layout_step_areas, sub_layout
+from longca.kernels.rank import Naive, TritonBlockSparse
+from longca.kernels.registry import rank_kernel
 from longca.masks.registry import build_mask
 from longca.run.ranks import run_cell as run_cp_cell
 from longca.store.write import write_rows
@@ -44,11 +44,21 @@ MASKS = {
     "vbs": ("variable_block_sparse", {"min_block": 24, "mean_block": 72, "density": 0.4}),
 }
 MECHS = {
-    2: [("ring_p2p", None), ("ring_allgather", None), ("ulysses", None), ("usp", {"ulysses": 2, "ring": 1}),
-        ("loongtrain", {"ulysses": 1, "ring": 2, "windows": 2})],
-    4: [("ring_p2p", None), ("ring_allgather", None), ("ulysses", None), ("usp", {"ulysses": 2, "ring": 2}),
+    2: [
+        ("ring_p2p", None),
+        ("ring_allgather", None),
+        ("ulysses", None),
+        ("usp", {"ulysses": 2, "ring": 1}),
+        ("loongtrain", {"ulysses": 1, "ring": 2, "windows": 2}),
+    ],
+    4: [
+        ("ring_p2p", None),
+        ("ring_allgather", None),
+        ("ulysses", None),
+        ("usp", {"ulysses": 2, "ring": 2}),
         ("loongtrain", {"ulysses": 1, "ring": 4, "windows": 2}),
-        ("loongtrain", {"ulysses": 2, "ring": 2, "windows": 2})],
+        ("loongtrain", {"ulysses": 2, "ring": 2, "windows": 2}),
+    ],
 }
 SEQLEN = {2: 512, 4: 576}  # 576 / 4 = 144 and 576 / 8 = 72: shard boundaries cut 64-token blocks
 HEADS = [(4, 2), (4, 4)]
@@ -71,7 +81,9 @@ def _mask(key: str, seqlen: int, hkv: int):
         bounds = np.arange(0, seqlen + 1, 64)
         kept = np.repeat(np.eye(len(bounds) - 1, dtype=bool)[None], hkv, axis=0)
         kept[1::2, :, 0] = True
-        return Mask("diag", seqlen, seqlen, np.zeros((0, 5), dtype=np.int64), blocks=BlockLayout(bounds, bounds, kept, 64))
+        return Mask(
+            "diag", seqlen, seqlen, np.zeros((0, 5), dtype=np.int64), blocks=BlockLayout(bounds, bounds, kept, 64)
+        )
     name, params = MASKS[key]
     return build_mask(name, seqlen, params, seed=5, heads_kv=hkv)
 
@@ -139,16 +151,33 @@ def _free_port() -> int:
 
 def _case(rank, world, kernel_name, mech, degrees, key, balance, hq, hkv, dtype, backward=True):
     seqlen = SEQLEN[world]
-    case = {"kernel": kernel_name, "mech": mech, "degrees": degrees, "mask": key, "balance": balance,
-            "heads": f"{hq}:{hkv}", "world": world}
+    case = {
+        "kernel": kernel_name,
+        "mech": mech,
+        "degrees": degrees,
+        "mask": key,
+        "balance": balance,
+        "heads": f"{hq}:{hkv}",
+        "world": world,
+    }
     try:
         mask = _mask(key, seqlen, hkv)
         q, k, v, dout = _inputs(seqlen, hq, hkv, dtype, 11)
         ref = reference_attention(q, k, v, mask, dout if backward else None)
         sharding = make_sharding(balance, seqlen, world)
         pos = torch.from_numpy(sharding.positions(rank))
-        plan = build_plan(mech, degrees, mask.slices, sharding, rank, hq, hkv, rank_kernel(kernel_name),
-                          torch.device("cpu"), blocks=mask.blocks)
+        plan = build_plan(
+            mech,
+            degrees,
+            mask.slices,
+            sharding,
+            rank,
+            hq,
+            hkv,
+            rank_kernel(kernel_name),
+            torch.device("cpu"),
+            blocks=mask.blocks,
+        )
         ql, kl, vl = (x[:, :, pos].contiguous().requires_grad_(backward) for x in (q, k, v))
         if backward:
             out = cp_attention(ql, kl, vl, plan)
@@ -161,8 +190,7 @@ def _case(rank, world, kernel_name, mech, degrees, key, balance, hq, hkv, dtype,
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         skipped = torch.tensor([sum(s.empty for s in plan.subs)])
         dist.all_reduce(skipped)
-        case.update(errors=t.tolist(), rank_area=plan.rank_area(3), area=3 * mask.area_per_head,
-                    skipped=int(skipped))
+        case.update(errors=t.tolist(), rank_area=plan.rank_area(3), area=3 * mask.area_per_head, skipped=int(skipped))
     except Exception:
         case["failure"] = traceback.format_exc()
     return case
@@ -172,14 +200,22 @@ BENCH_PARAMS = {"block": 64, "density": 0.5}
 _BENCH = dict(mask="block_sparse", mask_params=BENCH_PARAMS, seqlen=256, head_dim=16, cp_balance="contiguous")
 BENCH = {  # CP cells run by longca.run.ranks, the CP cell runner
     "ok_ring": cp_cell(**_BENCH),
-    "ok_ulysses_vbs_fwd": cp_cell(**dict(_BENCH, cp_mechanism="ulysses", cp_degrees=(("ulysses", 2),),
-                                         mask="variable_block_sparse", pass_="fwd",
-                                         mask_params={"min_block": 16, "mean_block": 48, "density": 0.3})),
+    "ok_ulysses_vbs_fwd": cp_cell(
+        **dict(
+            _BENCH,
+            cp_mechanism="ulysses",
+            cp_degrees=(("ulysses", 2),),
+            mask="variable_block_sparse",
+            pass_="fwd",
+            mask_params={"min_block": 16, "mean_block": 48, "density": 0.3},
+        )
+    ),
     "document": cp_cell(**dict(_BENCH, cp_balance="document")),
     "importance": cp_cell(**dict(_BENCH, mask_params={"block": 64, "score": "importance"})),
     "ok_triton": cp_cell(**dict(_BENCH, kernel="triton_block_sparse", dtype="float32", pass_="fwd")),
-    "triton_slices": cp_cell(**dict(_BENCH, mask="causal", mask_params={}, kernel="triton_block_sparse",
-                                    dtype="float32")),
+    "triton_slices": cp_cell(
+        **dict(_BENCH, mask="causal", mask_params={}, kernel="triton_block_sparse", dtype="float32")
+    ),
 }
 
 
@@ -201,14 +237,16 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
             results.append(_case(rank, world, "naive", mech, degrees, key, balance, hq, hkv, torch.float64))
     for w, mech, degrees, key, balance, (hq, hkv) in TRITON:
         if w == world:
-            results.append(_case(rank, world, "triton_block_sparse", mech, degrees, key, balance, hq, hkv,
-                                 torch.float32))
+            results.append(
+                _case(rank, world, "triton_block_sparse", mech, degrees, key, balance, hq, hkv, torch.float32)
+            )
     if world == 2:  # ring steps with no kept block are skipped (rank 0's second step here)
         for kernel_name, dtype in (("naive", torch.float64), ("triton_block_sparse", torch.float32)):
             results.append(_case(rank, world, kernel_name, "ring_p2p", None, "diag", "contiguous", 4, 2, dtype))
         for key in MASKS:
-            results.append(_case(rank, world, "flex", "ring_p2p", None, key, "zigzag", 4, 2, torch.float64,
-                                 backward=False))
+            results.append(
+                _case(rank, world, "flex", "ring_p2p", None, key, "zigzag", 4, 2, torch.float64, backward=False)
+            )
         for name, cell in BENCH.items():
             rows = run_cp_cell(cell, rank, world, torch.device("cpu"))
             if rank == 0:
@@ -226,8 +264,13 @@ def test_block_sparse_cp_matches_the_reference(world: int, tmp_path) -> None:
     results = json.load(open(tmp_path / "cases.json"))
     kinds = {"naive": "naive", "triton_block_sparse": "triton", "flex": "flex"}
     bad = [r for r in results if "failure" in r or max(r["errors"]) > TOL[kinds[r["kernel"]]]]
-    summary = [({k: r[k] for k in ("kernel", "mech", "degrees", "mask", "balance", "heads")},
-                r.get("errors") or r["failure"][-400:]) for r in bad]
+    summary = [
+        (
+            {k: r[k] for k in ("kernel", "mech", "degrees", "mask", "balance", "heads")},
+            r.get("errors") or r["failure"][-400:],
+        )
+        for r in bad
+    ]
     assert not bad, f"{len(bad)} failing cases, first: {summary[:4]}"
     n_triton = sum(1 for t in TRITON if t[0] == world)
     n_naive = sum(len(_naive_combos(world, m)) for m in range(len(MECHS[world])))
@@ -244,7 +287,7 @@ def test_block_sparse_cp_matches_the_reference(world: int, tmp_path) -> None:
     per_kv_head = mask.area_of_heads()
     assert ok["mask_area"] == sum(ok["rank_area"]) == round(2 * per_kv_head.mean())
     assert ok["flops"] == 3.5 * 4 * 2 * int(per_kv_head.sum()) * 2 * 16  # 2 query heads per KV head
-    assert ok["mask_form"] == "block_sparse" and ok["density"] == pytest.approx(per_kv_head.mean() / 256 ** 2)
+    assert ok["mask_form"] == "block_sparse" and ok["density"] == pytest.approx(per_kv_head.mean() / 256**2)
     assert max(ok[k] for k in ("rel_err_out", "rel_err_dq", "rel_err_dk", "rel_err_dv")) < 1e-12
     uly = rows["ok_ulysses_vbs_fwd"]
     assert uly["status"] == "ok", uly["reason"]
@@ -263,8 +306,18 @@ def test_a_layout_for_the_wrong_number_of_kv_heads_is_rejected():
     """Never reuse one head's layout for others: a layout built for 1 KV head cannot run 2."""
     mask = _mask("bs", 256, 1)
     with pytest.raises(ValueError, match="layouts for 1 KV heads but heads_kv=2"):
-        build_plan("ring_p2p", None, mask.slices, make_sharding("contiguous", 256, 2), 0, 4, 2, Naive(),
-                   torch.device("cpu"), blocks=mask.blocks)
+        build_plan(
+            "ring_p2p",
+            None,
+            mask.slices,
+            make_sharding("contiguous", 256, 2),
+            0,
+            4,
+            2,
+            Naive(),
+            torch.device("cpu"),
+            blocks=mask.blocks,
+        )
     with pytest.raises(ValueError, match="layouts for 1 KV heads, the inputs 2"):
         q, k, v, _ = _inputs(256, 4, 2, torch.float64, 0)
         reference_attention(q, k, v, mask)

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from longca.cp.comm import LocalComm
-from longca.kernels.registry import rank_kernel
 from longca.cp.mechanisms import build_plan, cp_attention
 from longca.cp.reference import reference_attention, rel_err
 from longca.cp.sharding import make_sharding
 from longca.cp.topology import Topology
+from longca.kernels.registry import rank_kernel
 from longca.masks.registry import build_mask
 
 CPU = torch.device("cpu")
@@ -28,15 +28,33 @@ def _shards(world: int, mask_name: str, balance: str, s: int = 64, hq: int = 4, 
 
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("mechanism", ["ring_p2p", "ring_allgather"])
-@pytest.mark.parametrize("mask_name, balance", [("causal", "zigzag"), ("full_document", "document"),
-                                                ("causal_sliding_window", "contiguous"), ("share_question", "zigzag")])
+@pytest.mark.parametrize(
+    "mask_name, balance",
+    [
+        ("causal", "zigzag"),
+        ("full_document", "document"),
+        ("causal_sliding_window", "contiguous"),
+        ("share_question", "zigzag"),
+    ],
+)
 def test_every_rank_played_alone_matches_the_reference_rows(world, mechanism, mask_name, balance):
     q, k, v, mask, sharding, pos, kv_of = _shards(world, mask_name, balance)
     ref = reference_attention(q, k, v, mask.slices)[0]
     for r in range(world):
         comm = LocalComm(kv_of, r)
-        plan = build_plan(mechanism, None, mask.slices, sharding, r, 4, 2, rank_kernel("naive"), CPU, comm,
-                          topo=Topology(world, r, 1, world))
+        plan = build_plan(
+            mechanism,
+            None,
+            mask.slices,
+            sharding,
+            r,
+            4,
+            2,
+            rank_kernel("naive"),
+            CPU,
+            comm,
+            topo=Topology(world, r, 1, world),
+        )
         with torch.no_grad():
             out = cp_attention(q[:, :, pos[r]].contiguous(), kv_of[r][0], kv_of[r][1], plan)
         assert rel_err(out, ref[:, :, pos[r]]) < 1e-12, (mechanism, mask_name, r)
@@ -64,9 +82,36 @@ def test_rank_local_benchmark_runs_end_to_end_on_the_cpu(tmp_path):
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     out = tmp_path / "rows.json"
-    assert bench.main([str(out), "--device", "cpu", "--kernel", "naive", "--single", "naive", "--masks", "causal",
-                       "--tokens-per-gpu", "32", "--heads", "4:2", "--head-dim", "8", "--dtype", "float32",
-                       "--check-seqlen", "64", "--world", "4", "--iters", "5"]) == 0
+    assert (
+        bench.main(
+            [
+                str(out),
+                "--device",
+                "cpu",
+                "--kernel",
+                "naive",
+                "--single",
+                "naive",
+                "--masks",
+                "causal",
+                "--tokens-per-gpu",
+                "32",
+                "--heads",
+                "4:2",
+                "--head-dim",
+                "8",
+                "--dtype",
+                "float32",
+                "--check-seqlen",
+                "64",
+                "--world",
+                "4",
+                "--iters",
+                "5",
+            ]
+        )
+        == 0
+    )
     (row,) = json.loads(out.read_text())
     assert row["status"] == "ok" and row["rel_err_out"] < 1e-5 and len(row["ranks"]) == 4
     assert sum(r["area"] for r in row["ranks"]) == build_mask("causal", 128).area  # zigzag: every pair once

@@ -16,11 +16,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from longca.kernels.base import Unsupported
-from longca.kernels.registry import rank_kernel
 from longca.cp.mechanisms import build_plan, cp_attention
 from longca.cp.reference import reference_attention, rel_err
 from longca.cp.sharding import BALANCES, make_sharding
+from longca.kernels.base import Unsupported
+from longca.kernels.registry import rank_kernel
 from longca.masks.registry import PATTERNS, build_mask
 
 STATIC = sorted(n for n, p in PATTERNS.items() if p.family != "dynamic")
@@ -28,11 +28,21 @@ SEQLEN, BATCH, HQ, HKV, HEAD_DIM = 48, 2, 4, 2, 8
 TOL = 1e-10
 FLEX_MECHANISMS = ("ring_p2p", "ulysses", "ring_allgather")
 CASES = {
-    2: [("ulysses", None), ("ring_p2p", None), ("ring_allgather", None), ("usp", {"ulysses": 2, "ring": 1}),
-        ("loongtrain", {"ulysses": 1, "ring": 2, "windows": 2})],
-    4: [("ulysses", None), ("ring_p2p", None), ("ring_allgather", None), ("usp", {"ulysses": 2, "ring": 2}),
+    2: [
+        ("ulysses", None),
+        ("ring_p2p", None),
+        ("ring_allgather", None),
+        ("usp", {"ulysses": 2, "ring": 1}),
+        ("loongtrain", {"ulysses": 1, "ring": 2, "windows": 2}),
+    ],
+    4: [
+        ("ulysses", None),
+        ("ring_p2p", None),
+        ("ring_allgather", None),
+        ("usp", {"ulysses": 2, "ring": 2}),
         ("loongtrain", {"ulysses": 1, "ring": 4, "windows": 2}),
-        ("loongtrain", {"ulysses": 2, "ring": 2, "windows": 2})],
+        ("loongtrain", {"ulysses": 2, "ring": 2, "windows": 2}),
+    ],
 }
 
 
@@ -61,8 +71,13 @@ def _worker(rank: int, world: int, port: int, doc_file: str, result_file: str) -
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
     # A rank that fails mid-collective makes the others time out (an error) instead of waiting forever.
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=180))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=180),
+    )
     results = []
     kernel = rank_kernel("naive")
     dev = torch.device("cpu")
@@ -85,8 +100,7 @@ def _worker(rank: int, world: int, port: int, doc_file: str, result_file: str) -
                     ql, kl, vl = (x[:, :, pos].clone().requires_grad_(True) for x in (q, k, v))
                     out = cp_attention(ql, kl, vl, plan)
                     out.backward(dout[:, :, pos])
-                    errs = [rel_err(a, b[:, :, pos]) for a, b in
-                            zip((out, ql.grad, kl.grad, vl.grad), ref)]
+                    errs = [rel_err(a, b[:, :, pos]) for a, b in zip((out, ql.grad, kl.grad, vl.grad), ref)]
                     t = torch.tensor(errs, dtype=torch.float64)
                     dist.all_reduce(t, op=dist.ReduceOp.MAX)
                     case["errors"] = t.tolist()
@@ -123,7 +137,9 @@ def _worker(rank: int, world: int, port: int, doc_file: str, result_file: str) -
                 results.append(case)
     # The heads-do-not-divide error names heads and degree, identically on every rank.
     try:
-        build_plan("ulysses", None, mask.slices, make_sharding("zigzag", SEQLEN, world), rank, 3 * world // 2, 1, kernel, dev)
+        build_plan(
+            "ulysses", None, mask.slices, make_sharding("zigzag", SEQLEN, world), rank, 3 * world // 2, 1, kernel, dev
+        )
         results.append({"heads_error": None})
     except Unsupported as e:
         results.append({"heads_error": str(e)})
@@ -144,19 +160,22 @@ def doc_file(tmp_path_factory) -> str:
 @pytest.mark.parametrize("world", [2, 4])
 def test_every_mechanism_and_mask_matches_reference(world: int, doc_file: str, tmp_path) -> None:
     result_file = str(tmp_path / "results.json")
-    mp.start_processes(_worker, args=(world, _free_port(), doc_file, result_file), nprocs=world,
-                       start_method="spawn")
+    mp.start_processes(_worker, args=(world, _free_port(), doc_file, result_file), nprocs=world, start_method="spawn")
     results = json.load(open(result_file))
     heads = results.pop()
     assert heads["heads_error"] is not None and f"heads_q={3 * world // 2}" in heads["heads_error"]
     assert f"Ulysses degree {world}" in heads["heads_error"]
     failures = [r for r in results if "failure" in r or max(r["errors"]) > TOL]
-    summary = [(r["mask"], r["balance"], r["mechanism"], r["degrees"], r.get("errors") or r["failure"][-300:])
-               for r in failures]
+    summary = [
+        (r["mask"], r["balance"], r["mechanism"], r["degrees"], r.get("errors") or r["failure"][-300:])
+        for r in failures
+    ]
     assert not failures, f"{len(failures)} failing cases, first: {summary[:6]}"
     n_cases = len(STATIC) * ((len(BALANCES) * len(CASES[2]) + len(FLEX_MECHANISMS)) if world == 2 else len(CASES[4]))
     if world == 2:  # the Flex cases checked gradients too
-        assert sum(len(r["errors"]) == 4 for r in results if r.get("kernel") == "flex") == len(STATIC) * len(FLEX_MECHANISMS)
+        assert sum(len(r["errors"]) == 4 for r in results if r.get("kernel") == "flex") == len(STATIC) * len(
+            FLEX_MECHANISMS
+        )
     assert len(results) == n_cases
     for r in results:
         assert sum(r["rank_areas"]) == r["area"]  # per-rank areas (one batch element) add up

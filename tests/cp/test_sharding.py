@@ -34,8 +34,12 @@ def test_row_areas_add_up_to_mask_area():
 
 def test_document_balance_beats_contiguous_on_a_skewed_mask():
     # One long causal document then short ones: contiguous puts most area on the last ranks.
-    slices = sl.concat([sl.band_slices(0, 96, 0, 96, -(1 << 62), 0),
-                        *(sl.make_slices([(s, s + 8, s, s + 8, sl.Kind.FULL)]) for s in range(96, 128, 8))])
+    slices = sl.concat(
+        [
+            sl.band_slices(0, 96, 0, 96, -(1 << 62), 0),
+            *(sl.make_slices([(s, s + 8, s, s + 8, sl.Kind.FULL)]) for s in range(96, 128, 8)),
+        ]
+    )
     rows = sh.row_areas(slices, 128)
 
     def spread(s):

@@ -7,8 +7,12 @@ from longca.masks import slices as sl
 from longca.masks.registry import PATTERNS, build_mask
 
 STATIC = sorted(n for n, p in PATTERNS.items() if p.family != "dynamic")
-PARAMS = {"sliding_window": {"window": 3}, "causal_sliding_window": {"window": 3},
-          "global_sliding_window": {"global_tokens": 2, "window": 3}, "block_causal_document": {"block": 4}}
+PARAMS = {
+    "sliding_window": {"window": 3},
+    "causal_sliding_window": {"window": 3},
+    "global_sliding_window": {"global_tokens": 2, "window": 3},
+    "block_causal_document": {"block": 4},
+}
 
 
 @pytest.mark.parametrize("name", STATIC)
@@ -25,7 +29,7 @@ def test_sub_masks_are_the_permuted_global_mask(name, balance):
     for i in range(w):
         for j in range(w):
             sub = sub_mask(mask.slices, shard.intervals[i], shard.intervals[j])
-            assert (sl.to_dense(sub, n, n) == dense[i * n:(i + 1) * n, j * n:(j + 1) * n]).all()
+            assert (sl.to_dense(sub, n, n) == dense[i * n : (i + 1) * n, j * n : (j + 1) * n]).all()
             total += sl.area(sub)
     assert total == mask.area
 
@@ -37,8 +41,14 @@ def test_group_layout_concatenates_members_in_order():
 
 
 def test_coalesce_merges_touching_full_rectangles_only():
-    s = sl.make_slices([(0, 4, 0, 4, sl.Kind.FULL), (0, 4, 4, 8, sl.Kind.FULL), (4, 8, 0, 8, sl.Kind.FULL),
-                        (8, 12, 8, 12, sl.Kind.CAUSAL)])
+    s = sl.make_slices(
+        [
+            (0, 4, 0, 4, sl.Kind.FULL),
+            (0, 4, 4, 8, sl.Kind.FULL),
+            (4, 8, 0, 8, sl.Kind.FULL),
+            (8, 12, 8, 12, sl.Kind.CAUSAL),
+        ]
+    )
     out = coalesce(s)
     assert sorted(map(tuple, out.tolist())) == [(0, 8, 0, 8, 0), (8, 12, 8, 12, 1)]
     assert sl.area(out) == sl.area(s)
@@ -66,8 +76,9 @@ def test_causal_squares_merge_only_with_the_full_block_between_them():
     a, c = (0, 4, 0, 4, sl.Kind.CAUSAL), (4, 8, 4, 8, sl.Kind.CAUSAL)
     without = sl.make_slices([a, c])  # block-diagonal (documents): stays two squares
     assert sorted(map(tuple, coalesce(without).tolist())) == [(0, 4, 0, 4, 1), (4, 8, 4, 8, 1)]
-    chain = sl.make_slices([a, c, (4, 8, 0, 4, sl.Kind.FULL), (8, 10, 8, 10, sl.Kind.CAUSAL),
-                            (8, 10, 0, 8, sl.Kind.FULL)])
+    chain = sl.make_slices(
+        [a, c, (4, 8, 0, 4, sl.Kind.FULL), (8, 10, 8, 10, sl.Kind.CAUSAL), (8, 10, 0, 8, sl.Kind.FULL)]
+    )
     out = coalesce(chain)  # merges twice: [0, 8) then [0, 10)
     assert out.tolist() == [[0, 10, 0, 10, int(sl.Kind.CAUSAL)]]
     assert (sl.to_dense(out, 10, 10) == sl.to_dense(chain, 10, 10)).all()

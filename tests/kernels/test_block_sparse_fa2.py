@@ -24,7 +24,9 @@ ON_GPU = torch.cuda.is_available() and HAVE_PACKAGE
 
 
 def _cells(masks: str):
-    return expand(load_spec(text=f"""
+    return expand(
+        load_spec(
+            text=f"""
 name: t
 device: cuda
 kernels: [block_sparse_fa2]
@@ -35,15 +37,19 @@ head_dims: [128]
 dtypes: [bfloat16]
 passes: [fwd, bwd]
 sweeps: [{{name: s}}]
-"""))
+"""
+        )
+    )
 
 
 def test_only_uniform_128_blocks_are_planned():
     assert {planned_unsupported(c) for c in _cells("[{name: block_sparse, block: 128, density: 0.5}]")} == {None}
     assert {planned_unsupported(c) for c in _cells("[{name: block_sparse, block: 64, density: 0.5}]")} == {
-        "block size 64 not supported (uniform blocks of [128] only)"}
+        "block size 64 not supported (uniform blocks of [128] only)"
+    }
     assert {planned_unsupported(c) for c in _cells("[{name: variable_block_sparse, density: 0.5}]")} == {
-        "variable blocks not supported (uniform blocks of [128] only)"}
+        "variable blocks not supported (uniform blocks of [128] only)"
+    }
 
 
 @pytest.mark.skipif(HAVE_PACKAGE, reason="checks the reason given where block_sparse_attn is absent")
@@ -57,9 +63,16 @@ def test_without_the_package_a_gpu_cell_is_unsupported_with_the_reason():
 def test_forward_and_gradients_match_the_reference(hq, hkv):
     s, d, b = 1024, 128, 2
     mask = build_mask("block_sparse", s, {"block": 128, "density": 0.4}, seed=2, heads_kv=hkv)
-    prepared = registry.get("block_sparse_fa2").prepare(mask, batch=b, heads_q=hq, heads_kv=hkv, head_dim=d,
-                                                        dtype=torch.bfloat16, device=torch.device("cuda"),
-                                                        form="block_sparse")
+    prepared = registry.get("block_sparse_fa2").prepare(
+        mask,
+        batch=b,
+        heads_q=hq,
+        heads_kv=hkv,
+        head_dim=d,
+        dtype=torch.bfloat16,
+        device=torch.device("cuda"),
+        form="block_sparse",
+    )
     g = torch.Generator(device="cuda").manual_seed(0)
     q, do = (torch.randn(b, s, hq, d, device="cuda", generator=g) for _ in range(2))
     k, v = (torch.randn(b, s, hkv, d, device="cuda", generator=g) for _ in range(2))

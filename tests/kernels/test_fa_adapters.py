@@ -13,8 +13,13 @@ import pytest
 import torch
 
 from longca.kernels import registry
-from longca.kernels.adapters._flash_args import (batched_cu_seqlens, dense_from_intervals, flash_mask_args,
-                                                 interval_table, packed)
+from longca.kernels.adapters._flash_args import (
+    batched_cu_seqlens,
+    dense_from_intervals,
+    flash_mask_args,
+    interval_table,
+    packed,
+)
 from longca.kernels.base import MASK_FORMS, Unsupported, package_available
 from longca.masks.registry import PATTERNS, build_mask
 from longca.measure.reference import dense_mask_tensor, reference_attention, relative_error
@@ -100,8 +105,16 @@ def test_absent_package_is_unsupported_not_a_crash(name):
         pytest.skip(f"{kernel.caps.package} is installed here")
     mask = build_mask("causal", S)
     with pytest.raises(Unsupported, match=f"{kernel.caps.package} not installed"):
-        kernel.prepare(mask, batch=1, heads_q=4, heads_kv=2, head_dim=64, dtype=torch.bfloat16,
-                       device=torch.device("cpu"), form="causal")
+        kernel.prepare(
+            mask,
+            batch=1,
+            heads_q=4,
+            heads_kv=2,
+            head_dim=64,
+            dtype=torch.bfloat16,
+            device=torch.device("cpu"),
+            form="causal",
+        )
 
 
 def test_batched_cu_seqlens_offsets_every_sequence():
@@ -113,10 +126,21 @@ def test_batched_cu_seqlens_offsets_every_sequence():
         batched_cu_seqlens(np.array([0, 4, 9]), 10, 2)
 
 
-@pytest.mark.parametrize("name,form", [("full", "full"), ("causal", "causal"), ("sliding_window", "window"),
-                                       ("causal_sliding_window", "window"), ("full", "window"),
-                                       ("causal", "window"), ("full", "varlen"), ("causal", "varlen"),
-                                       ("full_document", "varlen"), ("causal_document", "varlen")])
+@pytest.mark.parametrize(
+    "name,form",
+    [
+        ("full", "full"),
+        ("causal", "causal"),
+        ("sliding_window", "window"),
+        ("causal_sliding_window", "window"),
+        ("full", "window"),
+        ("causal", "window"),
+        ("full", "varlen"),
+        ("causal", "varlen"),
+        ("full_document", "varlen"),
+        ("causal_document", "varlen"),
+    ],
+)
 @pytest.mark.parametrize("batch", [1, 2])
 def test_flash_arguments_attend_exactly_the_mask(name, form, batch):
     mask = build_mask(name, S, small_params(name), seed=5)
@@ -199,19 +223,21 @@ def test_kernel_matches_reference_on_gpu(kernel_name, name):
     major_minor = torch.cuda.get_device_capability()
     if major_minor < kernel.caps.min_compute_capability:
         pytest.skip("GPU too old")
-    from longca.masks.forms import forms_of
     from longca.kernels.base import choose_form
+    from longca.masks.forms import forms_of
 
     s, hd, b = 512, 64, 2
-    mask = build_mask(name, s, {"window": 60, "prefix": 100} if name in ("sliding_window", "prefix_lm_causal") else {},
-                      seed=1)
+    mask = build_mask(
+        name, s, {"window": 60, "prefix": 100} if name in ("sliding_window", "prefix_lm_causal") else {}, seed=1
+    )
     try:
         form = choose_form(kernel.caps, forms_of(name))
     except Unsupported:
         pytest.skip("no common form")
     dev = torch.device("cuda")
-    prepared = kernel.prepare(mask, batch=b, heads_q=4, heads_kv=2, head_dim=hd, dtype=torch.bfloat16, device=dev,
-                              form=form)
+    prepared = kernel.prepare(
+        mask, batch=b, heads_q=4, heads_kv=2, head_dim=hd, dtype=torch.bfloat16, device=dev, form=form
+    )
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(b, s, h, hd, generator=gen, dtype=torch.float64) for h in (4, 2, 2))
     ref = reference_attention(q, k, v, dense_mask_tensor(mask, torch.device("cpu")))

@@ -24,7 +24,9 @@ ON_GPU = torch.cuda.is_available() and HAVE_FLASHINFER
 
 
 def _cells(device: str = "cuda"):
-    return expand(load_spec(text=f"""
+    return expand(
+        load_spec(
+            text=f"""
 name: t
 device: {device}
 kernels: [flashinfer_block_sparse]
@@ -35,7 +37,9 @@ head_dims: [128]
 dtypes: [bfloat16]
 passes: [fwd, bwd]
 sweeps: [{{name: s}}]
-"""))
+"""
+        )
+    )
 
 
 def test_forward_cells_are_planned_for_any_blocks_and_backward_cells_are_not():
@@ -53,15 +57,26 @@ def test_without_flashinfer_a_gpu_cell_is_unsupported_with_the_reason():
 
 
 @pytest.mark.skipif(not ON_GPU, reason="FlashInfer's kernels need a CUDA GPU and the flashinfer package")
-@pytest.mark.parametrize("mask_name, params", [("block_sparse", {"block": 64, "density": 0.3}),
-                                               ("variable_block_sparse", {"density": 0.5, "min_block": 64,
-                                                                          "mean_block": 192})])
+@pytest.mark.parametrize(
+    "mask_name, params",
+    [
+        ("block_sparse", {"block": 64, "density": 0.3}),
+        ("variable_block_sparse", {"density": 0.5, "min_block": 64, "mean_block": 192}),
+    ],
+)
 def test_forward_matches_the_reference(mask_name, params):
     s, hq, hkv, d = 1024, 8, 2, 128
     mask = build_mask(mask_name, s, params, seed=5, heads_kv=hkv)
     prepared = registry.get("flashinfer_block_sparse").prepare(
-        mask, batch=1, heads_q=hq, heads_kv=hkv, head_dim=d, dtype=torch.bfloat16, device=torch.device("cuda"),
-        form="block_sparse")
+        mask,
+        batch=1,
+        heads_q=hq,
+        heads_kv=hkv,
+        head_dim=d,
+        dtype=torch.bfloat16,
+        device=torch.device("cuda"),
+        form="block_sparse",
+    )
     g = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(1, s, hq, d, device="cuda", generator=g)
     k, v = (torch.randn(1, s, hkv, d, device="cuda", generator=g) for _ in range(2))

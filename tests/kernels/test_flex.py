@@ -9,7 +9,6 @@ mask): the mask_mod reads tensors, so masks of one shape share the compiled kern
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
@@ -26,8 +25,15 @@ DTYPE = torch.float32
 TOL_OUT, TOL_GRAD = (2e-3, 5e-3) if ON_GPU else (1e-4, 1e-3)
 
 # Parameters scaled to S = 256 so every mask is non-trivial (defaults target long sequences).
-SMALL_PARAMS = {"window": 24, "global_tokens": 8, "prefix": 70, "block": 32, "min_block": 16, "mean_block": 40,
-                "density": 0.4}
+SMALL_PARAMS = {
+    "window": 24,
+    "global_tokens": 8,
+    "prefix": 70,
+    "block": 32,
+    "min_block": 16,
+    "mean_block": 40,
+    "density": 0.4,
+}
 
 
 def small_params(name: str) -> dict:
@@ -66,8 +72,9 @@ def test_matches_float64_reference(flex, name):
     mask = build_mask(name, S, small_params(name), seed=3, heads_kv=HKV)
     assert 0 < mask.density <= 1
     q, k, v = inputs()
-    prepared = flex.prepare(mask, batch=B, heads_q=HQ, heads_kv=HKV, head_dim=D, dtype=DTYPE, device=DEVICE,
-                            form="blockmask")
+    prepared = flex.prepare(
+        mask, batch=B, heads_q=HQ, heads_kv=HKV, head_dim=D, dtype=DTYPE, device=DEVICE, form="blockmask"
+    )
     assert prepared.layout == "bhsd"
     assert prepared.build_s > 0 and prepared.compile_s >= 0
     # The BlockMask skips what the mask skips: no more kv blocks visited than a full mask has.
@@ -99,8 +106,9 @@ def test_wrong_mask_is_detected(flex):
     """The check above can fail: flex under the causal mask differs from the full reference."""
     mask = build_mask("causal", S)
     q, k, v = inputs(1)
-    prepared = flex.prepare(mask, batch=B, heads_q=HQ, heads_kv=HKV, head_dim=D, dtype=DTYPE, device=DEVICE,
-                            form="blockmask")
+    prepared = flex.prepare(
+        mask, batch=B, heads_q=HQ, heads_kv=HKV, head_dim=D, dtype=DTYPE, device=DEVICE, form="blockmask"
+    )
     out = prepared.call(*(t.to(DEVICE, DTYPE).transpose(1, 2).contiguous() for t in (q, k, v)))
     full = reference_attention(q, k, v, torch.ones(1, S, S, dtype=torch.bool))
     assert relative_error(out.transpose(1, 2).cpu(), full) > 0.1
@@ -117,8 +125,9 @@ def test_cpu_backward_is_unsupported(flex):
     """torch has no CPU FlexAttention backward: the call says so as Unsupported (an `unsupported`
     row, not an error), while a no-grad forward still runs."""
     mask = build_mask("causal", S)
-    prepared = flex.prepare(mask, batch=B, heads_q=HQ, heads_kv=HKV, head_dim=D, dtype=DTYPE, device=DEVICE,
-                            form="blockmask")
+    prepared = flex.prepare(
+        mask, batch=B, heads_q=HQ, heads_kv=HKV, head_dim=D, dtype=DTYPE, device=DEVICE, form="blockmask"
+    )
     q = torch.randn(B, HQ, S, D, requires_grad=True)
     k = torch.randn(B, HKV, S, D, requires_grad=True)
     with pytest.raises(Unsupported, match="backward"):
@@ -168,20 +177,28 @@ def test_backward_cells_get_the_128_grid_where_torch_has_no_backward_config(monk
     for head_dim, grad_grid in ((128, 128), (32, 64)):
         assert block_size_for(mask, False, head_dim, torch.bfloat16, "cuda") == 64
         assert block_size_for(mask, True, head_dim, torch.bfloat16, "cuda") == grad_grid
-        assert flex.grad_changes_form(mask, head_dim=head_dim, dtype=torch.bfloat16,
-                                      device=torch.device("cuda")) is (grad_grid != 64)
+        assert flex.grad_changes_form(mask, head_dim=head_dim, dtype=torch.bfloat16, device=torch.device("cuda")) is (
+            grad_grid != 64
+        )
     # Block 128 layouts and CPU runs never split.
-    assert not flex.grad_changes_form(build_mask("block_sparse", 1024, {"block": 128, "density": 0.5}, seed=1,
-                                                 heads_kv=HKV), head_dim=128, dtype=torch.bfloat16,
-                                      device=torch.device("cuda"))
+    assert not flex.grad_changes_form(
+        build_mask("block_sparse", 1024, {"block": 128, "density": 0.5}, seed=1, heads_kv=HKV),
+        head_dim=128,
+        dtype=torch.bfloat16,
+        device=torch.device("cuda"),
+    )
     assert not flex.grad_changes_form(mask, head_dim=128, dtype=torch.bfloat16, device=torch.device("cpu"))
 
 
 def test_variable_blocks_and_static_masks_keep_block_128():
     from longca.kernels.adapters.flex import block_size_for
 
-    assert block_size_for(build_mask("variable_block_sparse", 1024, {"min_block": 16, "mean_block": 40},
-                                     seed=1, heads_kv=HKV)) == 128
+    assert (
+        block_size_for(
+            build_mask("variable_block_sparse", 1024, {"min_block": 16, "mean_block": 40}, seed=1, heads_kv=HKV)
+        )
+        == 128
+    )
     assert block_size_for(build_mask("causal", 1024)) == 128
 
 
@@ -199,8 +216,9 @@ def test_a_forward_only_form_builds_no_backward_index_tensors_and_stays_correct(
     q, k, v = inputs()
     ref = reference_attention(q, k, v, dense_mask_tensor(mask, torch.device("cpu")))
     for grad in (False, True):
-        prepared = flex.prepare(mask, batch=B, heads_q=HQ, heads_kv=HKV, head_dim=D, dtype=DTYPE, device=DEVICE,
-                                form="blockmask", grad=grad)
+        prepared = flex.prepare(
+            mask, batch=B, heads_q=HQ, heads_kv=HKV, head_dim=D, dtype=DTYPE, device=DEVICE, form="blockmask", grad=grad
+        )
         assert prepared.info["forward_only"] is (not grad)
         assert (built[-1].q_indices is None) is (not grad)
         with torch.no_grad():
@@ -210,8 +228,9 @@ def test_a_forward_only_form_builds_no_backward_index_tensors_and_stays_correct(
 
 def test_block_64_layout_runs_on_full_blocks_only_and_names_its_tiles(flex):
     mask = build_mask("block_sparse", S, {"block": 64, "density": 0.5}, seed=3, heads_kv=HKV)
-    prepared = flex.prepare(mask, batch=B, heads_q=HQ, heads_kv=HKV, head_dim=D, dtype=DTYPE, device=DEVICE,
-                            form="blockmask")
+    prepared = flex.prepare(
+        mask, batch=B, heads_q=HQ, heads_kv=HKV, head_dim=D, dtype=DTYPE, device=DEVICE, form="blockmask"
+    )
     # On the 128 grid most blocks would be partial (mask_mod per element); on its own grid none are.
     assert prepared.info["block_size"] == 64 and prepared.info["blocks_partial"] == 0
     assert prepared.info["blocks_full"] == int(mask.blocks.kept.sum()) * (HQ // HKV)
@@ -228,9 +247,17 @@ def test_fp8_is_a_forward_only_dtype(flex):
     from longca.masks.forms import forms_of
 
     def reason(pass_):
-        return static_unsupported_reason(flex.caps, mask_name="causal", mask_forms=forms_of("causal"),
-                                         dtype="float8_e4m3fn", head_dim=128, heads_q=8, heads_kv=1, pass_=pass_,
-                                         device="cuda")
+        return static_unsupported_reason(
+            flex.caps,
+            mask_name="causal",
+            mask_forms=forms_of("causal"),
+            dtype="float8_e4m3fn",
+            head_dim=128,
+            heads_q=8,
+            heads_kv=1,
+            pass_=pass_,
+            device="cuda",
+        )
 
     assert reason("fwd") is None
     assert reason("bwd") == "no backward in float8_e4m3fn (backward dtypes: ['bfloat16', 'float16', 'float32'])"
@@ -241,8 +268,16 @@ def test_fp8_on_cpu_is_refused_at_prepare(flex):
     """torch's CPU Flex lowering takes no fp8: the cell says so (an `unsupported` row) before any call."""
     mask = build_mask("causal", S)
     with pytest.raises(Unsupported, match="FlexAttention on CPU takes .* not torch.float8_e4m3fn"):
-        flex.prepare(mask, batch=B, heads_q=HQ, heads_kv=HKV, head_dim=D, dtype=torch.float8_e4m3fn,
-                     device=torch.device("cpu"), form="blockmask")
+        flex.prepare(
+            mask,
+            batch=B,
+            heads_q=HQ,
+            heads_kv=HKV,
+            head_dim=D,
+            dtype=torch.float8_e4m3fn,
+            device=torch.device("cpu"),
+            form="blockmask",
+        )
 
 
 @pytest.mark.skipif(not ON_GPU, reason="fp8 Flex runs on CUDA only")
@@ -255,8 +290,17 @@ def test_fp8_forward_matches_the_reference_on_its_rounded_inputs(flex, name):
     mask = build_mask(name, S, small_params(name))
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(B, S, h, d, generator=gen).to(DEVICE, torch.float8_e4m3fn) for h in (HQ, HKV, HKV))
-    prepared = flex.prepare(mask, batch=B, heads_q=HQ, heads_kv=HKV, head_dim=d, dtype=torch.float8_e4m3fn,
-                            device=DEVICE, form="blockmask", grad=False)
+    prepared = flex.prepare(
+        mask,
+        batch=B,
+        heads_q=HQ,
+        heads_kv=HKV,
+        head_dim=d,
+        dtype=torch.float8_e4m3fn,
+        device=DEVICE,
+        form="blockmask",
+        grad=False,
+    )
     with torch.no_grad():
         out = prepared.call(*(x.transpose(1, 2).contiguous() for x in (q, k, v)))
     assert out.dtype == torch.float8_e4m3fn

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from longca.kernels import flex_backward as fb
-from longca.kernels.rank import Flex, Naive
-from longca.kernels.lse import combine
 from longca.cp.reference import reference_attention, rel_err
+from longca.kernels import flex_backward as fb
+from longca.kernels.lse import combine
+from longca.kernels.rank import Flex, Naive
 from longca.masks import slices as sl
 from longca.masks.blocks import BlockLayout
 from longca.masks.flex import to_block_mask
@@ -32,9 +32,15 @@ def _inputs(sq, sk, hq=4, hk=2, d=8, seed=3):
 
 def _every_kind(sq=40, sk=56):
     """FULL, CAUSAL, INVCAUSAL and BICAUSAL slices, rows 0-3 with no key, Sq != Sk."""
-    return sl.make_slices([(4, 12, 0, 20, sl.Kind.FULL), (12, 24, 10, 30, sl.Kind.CAUSAL),
-                           (24, 32, 30, 50, sl.Kind.INVCAUSAL), (32, 40, 40, 56, sl.Kind.BICAUSAL),
-                           (30, 40, 0, 6, sl.Kind.FULL)])
+    return sl.make_slices(
+        [
+            (4, 12, 0, 20, sl.Kind.FULL),
+            (12, 24, 10, 30, sl.Kind.CAUSAL),
+            (24, 32, 30, 50, sl.Kind.INVCAUSAL),
+            (32, 40, 40, 56, sl.Kind.BICAUSAL),
+            (30, 40, 0, 6, sl.Kind.FULL),
+        ]
+    )
 
 
 def test_key_halves_given_the_combined_out_and_lse_add_up_to_the_reference_gradients():

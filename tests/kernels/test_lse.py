@@ -26,8 +26,10 @@ def test_combination_equals_softmax_over_all_keys_and_keeps_empty_rows_finite():
 
 
 def test_combination_is_stable_for_large_logits():
-    parts = [Part(torch.tensor([[[[1.0, 0.0]]]]), torch.tensor([[[1000.0]]]), 0, 1),
-             Part(torch.tensor([[[[0.0, 1.0]]]]), torch.tensor([[[1000.0]]]), 0, 1)]
+    parts = [
+        Part(torch.tensor([[[[1.0, 0.0]]]]), torch.tensor([[[1000.0]]]), 0, 1),
+        Part(torch.tensor([[[[0.0, 1.0]]]]), torch.tensor([[[1000.0]]]), 0, 1),
+    ]
     out, lse = combine_parts(parts, (1, 1, 1, 2), torch.float32, torch.float32, torch.device("cpu"))
     # float32 holds lse = 1000.69 to ~6e-5, hence the tolerance; the point is no overflow or NaN.
     assert torch.allclose(out, torch.tensor([[[[0.5, 0.5]]]]), atol=1e-3)
@@ -49,7 +51,9 @@ def test_compiled_segment_pass_equals_the_eager_one():
     assert lse_module._fused_segment not in (None, False)  # the compiled path ran, no eager fallback
     (eo, el), (fo, fl) = eager, fused
     assert torch.equal(torch.isinf(el), torch.isinf(fl))
-    assert torch.allclose(fo, eo, atol=1e-6) and torch.allclose(fl[torch.isfinite(fl)], el[torch.isfinite(el)], atol=1e-6)
+    assert torch.allclose(fo, eo, atol=1e-6) and torch.allclose(
+        fl[torch.isfinite(fl)], el[torch.isfinite(el)], atol=1e-6
+    )
     assert (fo[:, :, 8:11] == 0).all() and (fo[:, :, 40:] == 0).all() and not fo.isnan().any()
     assert torch.isinf(fl[:, :, 40:]).all() and torch.isfinite(fl[:, :, 11:40]).all()
 
@@ -97,7 +101,7 @@ def test_parts_in_a_low_precision_dtype_are_combined_in_the_accumulator_and_writ
     assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
     ref_out, _ = _reference(scores, v, cover)
     # one rounding of each part and one of the result: bf16's 2^-8, not an accumulation of them
-    assert float((out.double() - ref_out).abs().max()) < 2 * 2 ** -8 * float(ref_out.abs().max()) + 1e-3
+    assert float((out.double() - ref_out).abs().max()) < 2 * 2**-8 * float(ref_out.abs().max()) + 1e-3
 
 
 def test_one_part_over_every_row_is_returned_without_a_copy():

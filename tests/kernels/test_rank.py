@@ -1,10 +1,10 @@
 import pytest
 import torch
 
+from longca.cp.reference import reference_attention, rel_err
 from longca.kernels.base import Unsupported, rank_unsupported_reason
 from longca.kernels.rank import Flex, Naive, bwd_by_autograd, rectangles
 from longca.kernels.registry import get, rank_kernel, rank_kernel_names
-from longca.cp.reference import reference_attention, rel_err
 from longca.masks import slices as sl
 from longca.masks.registry import build_mask
 
@@ -93,10 +93,12 @@ def test_capabilities_and_names_are_checked_with_clear_messages():
     """Per-rank kernels come from the one kernel registry: its capabilities say which can serve."""
     caps = get("sdpa_cudnn").caps
     assert rank_unsupported_reason(caps, device="cpu", dtype="bfloat16", block_sparse=False) == (
-        "as a CP per-rank kernel it runs on ['cuda'], not cpu")
+        "as a CP per-rank kernel it runs on ['cuda'], not cpu"
+    )
     assert "takes slice masks only" in rank_unsupported_reason(caps, device="cuda", dtype="bfloat16", block_sparse=True)
-    assert "block-sparse masks only" in rank_unsupported_reason(get("triton_block_sparse").caps, device="cuda",
-                                                                dtype="bfloat16", block_sparse=False)
+    assert "block-sparse masks only" in rank_unsupported_reason(
+        get("triton_block_sparse").caps, device="cuda", dtype="bfloat16", block_sparse=False
+    )
     assert rank_unsupported_reason(get("naive").caps, device="cpu", dtype="float64", block_sparse=True) is None
     assert rank_kernel_names() == ["flex", "naive", "sdpa_cudnn", "sdpa_flash", "triton_block_sparse"]
     with pytest.raises(Unsupported, match="'fa4' cannot be a context-parallel per-rank kernel.*allowed: \\['flex'"):

@@ -14,16 +14,27 @@ from longca.masks.registry import build_mask
 
 def _prepare(kernel_name: str, form: str, heads_kv: int = 2):
     mask = build_mask("sliding_window" if form == "dense" else "causal", 256, {"window": 32} if form == "dense" else {})
-    return registry.get(kernel_name).prepare(mask, batch=1, heads_q=4, heads_kv=heads_kv, head_dim=64,
-                                             dtype=torch.float32, device=torch.device("cpu"), form=form)
+    return registry.get(kernel_name).prepare(
+        mask,
+        batch=1,
+        heads_q=4,
+        heads_kv=heads_kv,
+        head_dim=64,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+        form=form,
+    )
 
 
 def test_refusal_reason_keeps_sdpa_warnings_once_and_is_bounded():
     exc = RuntimeError("No available kernel. Aborting execution.\nmore")
-    text = sdpa.refusal_reason("efficient", exc, ["Memory efficient kernel not used because:",
-                                                  "  no   GQA  ", "no GQA", ""])
-    assert text == ("SDPA efficient backend refused the inputs: No available kernel. Aborting execution.; "
-                    "Memory efficient kernel not used because:; no GQA")
+    text = sdpa.refusal_reason(
+        "efficient", exc, ["Memory efficient kernel not used because:", "  no   GQA  ", "no GQA", ""]
+    )
+    assert text == (
+        "SDPA efficient backend refused the inputs: No available kernel. Aborting execution.; "
+        "Memory efficient kernel not used because:; no GQA"
+    )
     assert len(sdpa.refusal_reason("math", exc, ["x" * 1000])) == 300
 
 
@@ -33,7 +44,7 @@ def test_probe_refusal_becomes_unsupported_with_the_reason(monkeypatch, form):
 
     def refusing(q, k, v, attn_mask=None, is_causal=False, enable_gqa=False):
         seen.update(mask=attn_mask, causal=is_causal, gqa=enable_gqa, shape=tuple(q.shape))
-        warnings.warn("Memory efficient kernel not used because: enable_gqa is not supported")
+        warnings.warn("Memory efficient kernel not used because: enable_gqa is not supported", stacklevel=1)
         raise RuntimeError("No available kernel. Aborting execution.")
 
     monkeypatch.setattr(sdpa.F, "scaled_dot_product_attention", refusing)

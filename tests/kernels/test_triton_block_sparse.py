@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from longca.kernels.base import package_available
+from longca.kernels.triton_sparse.plan import KernelConfig, TileConfig, build_plan, make_csr, make_tiles, tile_sizes
 from longca.masks.blocks import BlockLayout
 from longca.masks.mask import Mask
-from longca.kernels.triton_sparse.plan import KernelConfig, TileConfig, build_plan, make_csr, make_tiles, tile_sizes
 
 ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
 if not ON_GPU:
@@ -77,8 +77,7 @@ def run_and_compare(layout: BlockLayout, config: KernelConfig, b=1, hq=4, hkv=2,
     ref_out, ref_lse = reference(*ref_in, layout)
     ref_out.backward(do64)
     got = {"out": out, "out_autograd": out_ag.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
-    want = {"out": ref_out, "out_autograd": ref_out, "dq": ref_in[0].grad, "dk": ref_in[1].grad,
-            "dv": ref_in[2].grad}
+    want = {"out": ref_out, "out_autograd": ref_out, "dq": ref_in[0].grad, "dk": ref_in[1].grad, "dv": ref_in[2].grad}
     for name in got:
         assert torch.isfinite(got[name]).all(), name
         torch.testing.assert_close(got[name].double().cpu(), want[name].detach(), atol=TOL, rtol=TOL, msg=name)
@@ -90,6 +89,7 @@ def run_and_compare(layout: BlockLayout, config: KernelConfig, b=1, hq=4, hkv=2,
 
 
 # ---- index tables (no Triton needed) ----
+
 
 def test_tiles_cut_blocks_with_ragged_last_tiles():
     t = make_tiles(np.array([0, 20, 64, 100]), 16, torch.device("cpu"))
@@ -114,6 +114,7 @@ def test_tiles_shrink_to_divide_uniform_blocks():
     def lay(block):
         n = 4
         return BlockLayout(np.arange(n + 1) * block, np.arange(n + 1) * block, np.ones((1, n, n), bool), block)
+
     assert tile_sizes(lay(64), TileConfig(128, 128)) == (64, 64)
     assert tile_sizes(lay(48), TileConfig(128, 64)) == (16, 16)
     assert tile_sizes(lay(128), TileConfig(128, 64)) == (128, 64)
@@ -142,6 +143,7 @@ def test_plan_rejects_mismatched_layout():
 
 
 # ---- kernels ----
+
 
 @needs_triton
 def test_uniform_blocks_gqa_with_empty_rows_and_columns():
@@ -206,7 +208,7 @@ def test_backward_from_merged_out_and_lse_splits_gradients_exactly():
     parts = [build_plan(BlockLayout(bounds, bounds, h, blk), DEVICE, SMALL) for h in halves]
     outs = [api.block_sparse_attn_fwd(q, k, v, p) for p in parts]
     lse = torch.logaddexp(outs[0][1], outs[1][1])
-    out = sum(o.float() * torch.exp(l - lse)[..., None].nan_to_num(0.0) for o, l in outs).to(DTYPE)
+    out = sum(o.float() * torch.exp(part_lse - lse)[..., None].nan_to_num(0.0) for o, part_lse in outs).to(DTYPE)
     out_full, lse_full = api.block_sparse_attn_fwd(q, k, v, full)
     torch.testing.assert_close(out, out_full, atol=TOL, rtol=TOL)
     torch.testing.assert_close(lse, lse_full, atol=TOL, rtol=TOL)
@@ -217,6 +219,7 @@ def test_backward_from_merged_out_and_lse_splits_gradients_exactly():
 
 
 # ---- adapter ----
+
 
 def _mask(layout: BlockLayout) -> Mask:
     s = int(layout.q_bounds[-1])
@@ -248,8 +251,16 @@ def test_adapter_call_matches_reference():
     kept[0, :, 1] = True
     layout = BlockLayout(np.arange(3) * 32, np.arange(3) * 32, kept, 32)
     prep = get("triton_block_sparse").prepare(
-        _mask(layout), batch=1, heads_q=2, heads_kv=1, head_dim=16, dtype=DTYPE, device=DEVICE,
-        form="block_sparse", config=SMALL)
+        _mask(layout),
+        batch=1,
+        heads_q=2,
+        heads_kv=1,
+        head_dim=16,
+        dtype=DTYPE,
+        device=DEVICE,
+        form="block_sparse",
+        config=SMALL,
+    )
     assert prep.layout == "bhsd" and prep.build_s >= 0 and prep.info["fast_path"]
     # the row's backend names the tiles that ran (shrunk to divide the 32-blocks)
     assert prep.info["backend"] == f"triton tiles {build_plan(layout, 'cpu', SMALL).config.as_text()}"
@@ -371,11 +382,18 @@ def test_fp8_is_forward_only_in_the_adapter():
     from longca.masks.forms import forms_of
 
     caps = get("triton_block_sparse").caps
-    kw = dict(mask_name="block_sparse", mask_forms=forms_of("block_sparse"), dtype="float8_e4m3fn", head_dim=128,
-              heads_q=8, heads_kv=1, device="cuda", block_size=128)
+    kw = dict(
+        mask_name="block_sparse",
+        mask_forms=forms_of("block_sparse"),
+        dtype="float8_e4m3fn",
+        head_dim=128,
+        heads_q=8,
+        heads_kv=1,
+        device="cuda",
+        block_size=128,
+    )
     assert static_unsupported_reason(caps, pass_="fwd", **kw) is None
     assert static_unsupported_reason(caps, pass_="bwd", **kw).startswith("no backward in float8_e4m3fn")
-
 
 
 def test_fp8_takes_the_pointer_forward_where_the_tuned_config_is_a_tma_one():

@@ -66,8 +66,16 @@ def test_kwargs_for_other_signatures():
 
 def test_non_varlen_form_is_unsupported(varlen):
     with pytest.raises(Unsupported):
-        varlen.prepare(build_mask("causal", 128), batch=1, heads_q=2, heads_kv=2, head_dim=64,
-                       dtype=torch.bfloat16, device=torch.device("cpu"), form="causal")
+        varlen.prepare(
+            build_mask("causal", 128),
+            batch=1,
+            heads_q=2,
+            heads_kv=2,
+            head_dim=64,
+            dtype=torch.bfloat16,
+            device=torch.device("cpu"),
+            form="causal",
+        )
 
 
 @pytest.mark.skipif(not ON_GPU, reason="varlen_attn runs on CUDA only")
@@ -82,8 +90,9 @@ def test_matches_reference_on_gpu(varlen, name, heads):
     s, d, b = 512, 64, 2
     mask = build_mask(name, s, seed=2)
     dev = torch.device("cuda")
-    prepared = varlen.prepare(mask, batch=b, heads_q=hq, heads_kv=hkv, head_dim=d, dtype=torch.bfloat16,
-                              device=dev, form="varlen")
+    prepared = varlen.prepare(
+        mask, batch=b, heads_q=hq, heads_kv=hkv, head_dim=d, dtype=torch.bfloat16, device=dev, form="varlen"
+    )
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(b, s, h, d, generator=gen, dtype=torch.float64, requires_grad=True) for h in (hq, hkv, hkv))
     ref = reference_attention(q, k, v, dense_mask_tensor(mask, torch.device("cpu")))

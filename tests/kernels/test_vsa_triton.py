@@ -27,7 +27,9 @@ ON_GPU = torch.cuda.is_available() and HAVE_VSA
 
 
 def _cells(masks: str, heads: str = '["4:4"]', device: str = "cuda"):
-    return expand(load_spec(text=f"""
+    return expand(
+        load_spec(
+            text=f"""
 name: t
 device: {device}
 kernels: [vsa_triton]
@@ -38,19 +40,28 @@ head_dims: [64]
 dtypes: [bfloat16]
 passes: [fwd, bwd]
 sweeps: [{{name: s}}]
-"""))
+"""
+        )
+    )
 
 
 def test_the_planner_takes_only_uniform_64_blocks_without_gqa():
     ok = _cells("[{name: block_sparse, block: 64, density: 0.5}]")
     assert all(planned_unsupported(c) is None for c in ok)
-    for masks, heads, want in (("[{name: block_sparse, block: 128, density: 0.5}]", '["4:4"]',
-                                "block size 128 not supported (uniform blocks of [64] only)"),
-                               ("[{name: variable_block_sparse, density: 0.5, min_block: 64, mean_block: 128}]",
-                                '["4:4"]', "variable blocks not supported (uniform blocks of [64] only)"),
-                               ("[{name: block_sparse, block: 64, density: 0.5}]", '["4:2"]',
-                                "GQA (heads_q != heads_kv) not supported"),
-                               ("[causal]", '["4:4"]', "mask causal offers forms")):
+    for masks, heads, want in (
+        (
+            "[{name: block_sparse, block: 128, density: 0.5}]",
+            '["4:4"]',
+            "block size 128 not supported (uniform blocks of [64] only)",
+        ),
+        (
+            "[{name: variable_block_sparse, density: 0.5, min_block: 64, mean_block: 128}]",
+            '["4:4"]',
+            "variable blocks not supported (uniform blocks of [64] only)",
+        ),
+        ("[{name: block_sparse, block: 64, density: 0.5}]", '["4:2"]', "GQA (heads_q != heads_kv) not supported"),
+        ("[causal]", '["4:4"]', "mask causal offers forms"),
+    ):
         reasons = {planned_unsupported(c) for c in _cells(masks, heads)}
         assert len(reasons) == 1 and reasons.pop().startswith(want), (masks, heads)
 
@@ -69,8 +80,16 @@ def test_without_the_package_the_cell_is_an_unsupported_row():
     kernel = registry.get("vsa_triton")
     mask = build_mask("block_sparse", 512, {"block": 64, "density": 0.5}, seed=0, heads_kv=4)
     with pytest.raises(Unsupported, match="vsa not installed"):
-        kernel.prepare(mask, batch=1, heads_q=4, heads_kv=4, head_dim=64, dtype=torch.bfloat16,
-                       device=torch.device("cpu"), form="block_sparse")
+        kernel.prepare(
+            mask,
+            batch=1,
+            heads_q=4,
+            heads_kv=4,
+            head_dim=64,
+            dtype=torch.bfloat16,
+            device=torch.device("cpu"),
+            form="block_sparse",
+        )
 
 
 @pytest.mark.skipif(not ON_GPU, reason="VSA's Triton kernel needs a CUDA GPU and the vsa wheel")
@@ -78,9 +97,16 @@ def test_without_the_package_the_cell_is_an_unsupported_row():
 def test_forward_and_gradients_match_the_reference(density):
     s, h, d = 1024, 4, 64
     mask = build_mask("block_sparse", s, {"block": 64, "density": density}, seed=3, heads_kv=h)
-    prepared = registry.get("vsa_triton").prepare(mask, batch=2, heads_q=h, heads_kv=h, head_dim=d,
-                                                  dtype=torch.bfloat16, device=torch.device("cuda"),
-                                                  form="block_sparse")
+    prepared = registry.get("vsa_triton").prepare(
+        mask,
+        batch=2,
+        heads_q=h,
+        heads_kv=h,
+        head_dim=d,
+        dtype=torch.bfloat16,
+        device=torch.device("cuda"),
+        form="block_sparse",
+    )
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, do = (torch.randn(2, s, h, d, device="cuda", generator=g) for _ in range(4))
     for t in (q, k, v):

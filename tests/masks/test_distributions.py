@@ -13,11 +13,14 @@ def cdf_at(hist, x):
     return float(hist.prob[hist.high <= x].sum())
 
 
-@pytest.mark.parametrize("name,le500,le4096,longest", [
-    ("pile", 0.715, 0.9595, 65536),
-    ("prolong-64k", 0.603, 0.9745, 62000),
-    ("prolong-512k", 0.637, 0.980, 475862),
-])
+@pytest.mark.parametrize(
+    "name,le500,le4096,longest",
+    [
+        ("pile", 0.715, 0.9595, 65536),
+        ("prolong-64k", 0.603, 0.9745, 62000),
+        ("prolong-512k", 0.637, 0.980, 475862),
+    ],
+)
 def test_shipped_histograms_have_the_published_statistics(name, le500, le4096, longest):
     h = dist.load_histogram(name)
     assert cdf_at(h, 500) == pytest.approx(le500, abs=1e-9)
@@ -31,8 +34,14 @@ def test_prolong_64k_top_bin_is_50k_to_62k():
 
 
 def test_auto_picks_the_corpus_by_length_as_the_paper():
-    assert [dist.resolve("auto", s) for s in (1024, 8192, 8193, 65536, 65537, 524288)] == \
-        ["pile", "pile", "prolong-64k", "prolong-64k", "prolong-512k", "prolong-512k"]
+    assert [dist.resolve("auto", s) for s in (1024, 8192, 8193, 65536, 65537, 524288)] == [
+        "pile",
+        "pile",
+        "prolong-64k",
+        "prolong-64k",
+        "prolong-512k",
+        "prolong-512k",
+    ]
 
 
 def test_samples_fill_exactly_are_seeded_and_follow_the_bins():
@@ -68,11 +77,14 @@ def test_user_histogram_csv_and_yaml(tmp_path):
     assert set(sample_documents(100, f"file:{yml}", np.random.default_rng(0))) == {5}
 
 
-@pytest.mark.parametrize("text,needle", [
-    ("low,high,weight\n0,10,1\n", "1 <= low <= high"),
-    ("1,10\n", "low,high,weight"),
-    ("1,10,-1\n", "weights must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("low,high,weight\n0,10,1\n", "1 <= low <= high"),
+        ("1,10\n", "low,high,weight"),
+        ("1,10,-1\n", "weights must be >= 0"),
+    ],
+)
 def test_bad_user_histograms_are_explained(tmp_path, text, needle):
     f = tmp_path / "bad.csv"
     f.write_text(text)

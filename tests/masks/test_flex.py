@@ -7,10 +7,15 @@ import torch
 from longca.masks import flex
 from longca.masks.registry import PATTERNS, build_mask
 
-SMALL = {"sliding_window": {"window": 9}, "causal_sliding_window": {"window": 9},
-         "block_causal_document": {"block": 13, "max_blocks": 3}, "block_sparse": {"block": 24},
-         "variable_block_sparse": {"min_block": 10, "mean_block": 30},
-         "full_document": {"distribution": "file:"}, "causal_document": {"distribution": "file:"}}
+SMALL = {
+    "sliding_window": {"window": 9},
+    "causal_sliding_window": {"window": 9},
+    "block_causal_document": {"block": 13, "max_blocks": 3},
+    "block_sparse": {"block": 24},
+    "variable_block_sparse": {"min_block": 10, "mean_block": 30},
+    "full_document": {"distribution": "file:"},
+    "causal_document": {"distribution": "file:"},
+}
 
 
 def small_mask(name, S, seed=1, tmp=None):
@@ -58,9 +63,10 @@ def test_q_direction_tensors_equal_torchs_transpose():
 
     for name in ("share_question", "global_sliding_window", "block_sparse"):
         bm = flex.to_block_mask(small_mask(name, 300), 16)
-        for kv_num, kv_idx, q_num, q_idx in ((bm.kv_num_blocks, bm.kv_indices, bm.q_num_blocks, bm.q_indices),
-                                             (bm.full_kv_num_blocks, bm.full_kv_indices,
-                                              bm.full_q_num_blocks, bm.full_q_indices)):
+        for kv_num, kv_idx, q_num, q_idx in (
+            (bm.kv_num_blocks, bm.kv_indices, bm.q_num_blocks, bm.q_indices),
+            (bm.full_kv_num_blocks, bm.full_kv_indices, bm.full_q_num_blocks, bm.full_q_indices),
+        ):
             want_num, want_idx = _transpose_ordered(kv_num, kv_idx)
             assert torch.equal(q_num, want_num)
             for r in range(q_num.shape[-1]):
@@ -137,7 +143,7 @@ def test_ordered_indices_list_true_columns_first_for_any_grid():
         assert (num == grid.sum(-1)).all()
         assert idx.min() >= 0 and idx.max() < grid.shape[-1]  # padding entries are valid indices
         for h, r in np.ndindex(grid.shape[:2]):
-            assert (idx[h, r, :num[h, r]] == np.nonzero(grid[h, r])[0]).all()
+            assert (idx[h, r, : num[h, r]] == np.nonzero(grid[h, r])[0]).all()
 
 
 @pytest.mark.parametrize("sort", [False, True])
@@ -152,7 +158,7 @@ def test_index_tensors_repeat_kv_heads_per_query_head_in_either_ordering(sort):
     for hq, r in np.ndindex(6, 7):
         want = np.nonzero(grid[hq // 2, r])[0]
         assert num[0, hq, r] == len(want)
-        assert (idx[0, hq, r, :len(want)].numpy() == want).all()
+        assert (idx[0, hq, r, : len(want)].numpy() == want).all()
 
 
 def test_a_layout_on_its_own_grid_is_full_where_kept_as_the_counting_path_says(monkeypatch):

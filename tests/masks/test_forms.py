@@ -25,6 +25,17 @@ def dense_from_window(w: forms.WindowForm, n: int) -> np.ndarray:
     return (d <= left) & (-d <= right)
 
 
+def dense_from_intervals(endpoints: np.ndarray, n: int) -> np.ndarray:
+    """Query q sees [0, F0) U [F1, F2) U ... (cuDNN's interval-mask convention)."""
+    assert endpoints.dtype == np.int32 and endpoints.shape[0] % 2 == 1
+    assert (np.diff(endpoints.astype(np.int64), axis=0) >= 0).all()  # non-decreasing endpoints per query
+    k = np.arange(n)[None, :]
+    out = k < endpoints[0][:, None]
+    for a, b in zip(endpoints[1::2], endpoints[2::2]):
+        out |= (k >= a[:, None]) & (k < b[:, None])
+    return out
+
+
 @pytest.mark.parametrize("name", sorted(PATTERNS))
 def test_each_declared_form_reproduces_the_dense_mask(name):
     params = {"window": 17} if "window" in {p.name for p in PATTERNS[name].params} else {}
@@ -53,14 +64,46 @@ def test_each_declared_form_reproduces_the_dense_mask(name):
             rebuilt = rebuilt if m.per_head else rebuilt[0]
         elif form == "block_sparse":
             rebuilt = np.stack([to_dense(got.slices(h), S, S) for h in range(got.heads)])
+        elif form == "intervals":
+            rebuilt = dense_from_intervals(got, S)
         else:
             raise AssertionError(f"untested form {form}")
         assert (rebuilt == dense).all(), form
 
 
+@pytest.mark.parametrize("seqlen", [64, 1000, 4097])
+@pytest.mark.parametrize("name", sorted(n for n, p in PATTERNS.items() if "intervals" in p.forms))
+def test_interval_endpoints_reproduce_every_static_mask_over_draws(name, seqlen):
+    params = {"window": 33} if "window" in {p.name for p in PATTERNS[name].params} else {}
+    for sample in range(3):
+        m = build_mask(name, seqlen, params, seed=1, sample=sample)
+        got = forms.interval_form(m)
+        assert (dense_from_intervals(got, seqlen) == m.dense()).all(), (name, sample)
+    assert len([n for n, p in PATTERNS.items() if "intervals" in p.forms]) == 12  # every static mask
+
+
+def test_interval_endpoints_merge_adjacent_intervals_and_pad_with_empty_ones():
+    lo = np.array([[4, 0, 9], [0, 6, 2]])  # per layer (rows: 3 queries)
+    hi = np.array([[6, 3, 9], [4, 8, 5]])  # row 0: [0,4) + [4,6) merge; row 1: [0,3), [6,8); row 2: [2,5)
+    got = forms.interval_endpoints(lo, hi)
+    assert got.tolist() == [[6, 3, 0], [6, 6, 2], [6, 8, 5]]
+
+
+def test_documents_as_intervals_are_local_to_each_document():
+    m = build_mask("causal_document", 300, {"distribution": "uniform"}, seed=3)
+    docs, endpoints = forms.document_interval_form(m)
+    starts = np.repeat(docs.cu_seqlens[:-1], np.diff(docs.cu_seqlens))
+    local = dense_from_intervals(endpoints, 300)
+    for a, b in zip(docs.cu_seqlens[:-1], docs.cu_seqlens[1:]):  # each document: causal from its own start
+        assert (local[a:b, : b - a] == np.tril(np.ones((b - a, b - a), bool))).all()
+    assert (endpoints[0] == np.arange(300) - starts + 1).all()
+
+
 def test_forms_a_mask_does_not_declare_are_refused():
     m = build_mask("share_question", 64)
-    with pytest.raises(ValueError, match=r"cannot be given as form 'varlen'; allowed: \['blockmask', 'dense', 'slices'\]"):
+    with pytest.raises(
+        ValueError, match=r"cannot be given as form 'varlen'; allowed: \['blockmask', 'dense', 'intervals', 'slices'\]"
+    ):
         forms.convert(m, "varlen")
     with pytest.raises(ValueError, match="has no window form"):
         forms.window_form(m)

@@ -2,7 +2,8 @@
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from longca.masks import slices as sl
 from longca.masks.registry import PATTERNS, STATIC, build_mask, resolve_params
@@ -12,10 +13,19 @@ ALL = sorted(PATTERNS)
 
 def test_catalogue_is_the_14_patterns_of_the_paper():
     fam = {f: sorted(n for n, p in PATTERNS.items() if p.family == f) for f in ("regular", "heterogeneous", "dynamic")}
-    assert fam["regular"] == sorted(["full", "causal", "full_document", "causal_document", "sliding_window",
-                                     "causal_sliding_window"])
-    assert fam["heterogeneous"] == sorted(["share_question", "causal_blockwise", "global_sliding_window",
-                                           "prefix_lm_causal", "prefix_lm_document", "block_causal_document"])
+    assert fam["regular"] == sorted(
+        ["full", "causal", "full_document", "causal_document", "sliding_window", "causal_sliding_window"]
+    )
+    assert fam["heterogeneous"] == sorted(
+        [
+            "share_question",
+            "causal_blockwise",
+            "global_sliding_window",
+            "prefix_lm_causal",
+            "prefix_lm_document",
+            "block_causal_document",
+        ]
+    )
     assert fam["dynamic"] == ["block_sparse", "variable_block_sparse"]
     assert len(STATIC) == 12
 
@@ -123,6 +133,7 @@ def test_same_seed_same_mask_and_sampled_values_are_recorded(name):
     assert c.area == a.area
     if PATTERNS[name].default_samples > 1:
         others = [build_mask(name, 9001, seed=7, sample=s) for s in range(2, 6)]
+
         def signature(m):
             kept = None if m.blocks is None else m.blocks.kept.tobytes()
             return (m.slices.tobytes(), m.documents, sorted(m.params.items()), kept)
@@ -155,15 +166,18 @@ def test_defaults_follow_the_paper():
     assert PATTERNS["full"].default_samples == 1
 
 
-@pytest.mark.parametrize("name,params,needle", [
-    ("nope", None, "allowed: ['block_causal_document'"),
-    ("sliding_window", {"windw": 3}, "unknown parameter(s) ['windw']; allowed: ['window']"),
-    ("sliding_window", {"window": -1}, "'window' = -1 is invalid; allowed: >= 0"),
-    ("sliding_window", {"window": 2.5}, "'window' = 2.5 is invalid; allowed: an integer"),
-    ("block_sparse", {"score": "best"}, "'score' = 'best' is invalid; allowed: ['random', 'importance']"),
-    ("block_sparse", {"density": 1.5}, "'density' = 1.5 is invalid; allowed: <= 1.0"),
-    ("full_document", {"distribution": "pilee"}, "unknown document distribution 'pilee'; allowed: ['auto'"),
-])
+@pytest.mark.parametrize(
+    "name,params,needle",
+    [
+        ("nope", None, "allowed: ['block_causal_document'"),
+        ("sliding_window", {"windw": 3}, "unknown parameter(s) ['windw']; allowed: ['window']"),
+        ("sliding_window", {"window": -1}, "'window' = -1 is invalid; allowed: >= 0"),
+        ("sliding_window", {"window": 2.5}, "'window' = 2.5 is invalid; allowed: an integer"),
+        ("block_sparse", {"score": "best"}, "'score' = 'best' is invalid; allowed: ['random', 'importance']"),
+        ("block_sparse", {"density": 1.5}, "'density' = 1.5 is invalid; allowed: <= 1.0"),
+        ("full_document", {"distribution": "pilee"}, "unknown document distribution 'pilee'; allowed: ['auto'"),
+    ],
+)
 def test_bad_input_names_field_value_and_allowed(name, params, needle):
     with pytest.raises(ValueError) as err:
         build_mask(name, 64, params)

@@ -1,7 +1,8 @@
 """Slices: closed-form areas and rectangle counts against dense boolean masks."""
 
 import numpy as np
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from longca.masks import slices as sl
 

@@ -7,9 +7,20 @@ import torch
 from longca.masks.registry import build_mask
 from longca.measure.reference import dense_mask_tensor
 
-STATIC = ["full", "causal", "full_document", "causal_document", "sliding_window", "causal_sliding_window",
-          "share_question", "causal_blockwise", "global_sliding_window", "prefix_lm_causal",
-          "prefix_lm_document", "block_causal_document"]
+STATIC = [
+    "full",
+    "causal",
+    "full_document",
+    "causal_document",
+    "sliding_window",
+    "causal_sliding_window",
+    "share_question",
+    "causal_blockwise",
+    "global_sliding_window",
+    "prefix_lm_causal",
+    "prefix_lm_document",
+    "block_causal_document",
+]
 
 
 @pytest.mark.parametrize("name", STATIC + ["block_sparse", "variable_block_sparse"])

@@ -126,8 +126,7 @@ def test_non_positive_warmup_budget_is_refused(bad):
 
 def test_phase_walls_cover_warmup_untimed_calls_and_timed_calls():
     # 3 warm-ups of 20 ms (+10 ms `before` each), 2 timed calls of 20 ms, each after a 10 ms `before`.
-    t = CpuTimer().time(lambda: time.sleep(0.02), warmup=3, iters=2, budget_s=100.0,
-                        before=lambda: time.sleep(0.01))
+    t = CpuTimer().time(lambda: time.sleep(0.02), warmup=3, iters=2, budget_s=100.0, before=lambda: time.sleep(0.01))
     assert t.warmup_iters == 3
     assert 0.09 <= t.warmup_wall_s < 0.2
     timed = t.kernel_s

@@ -18,8 +18,12 @@ from longca.kernels.rank import Naive as RankNaive
 from longca.kernels.registry import KERNELS, register
 
 RANK_CAPS = RankCapabilities(devices=frozenset({"cpu", "cuda"}), dtypes=frozenset({"float32", "float64"}))
-CAPS = Capabilities(mask_forms=frozenset({"full", "dense"}), dtypes=frozenset({"float32", "float64"}),
-                    devices=frozenset({"cpu", "cuda"}), cp=RANK_CAPS)
+CAPS = Capabilities(
+    mask_forms=frozenset({"full", "dense"}),
+    dtypes=frozenset({"float32", "float64"}),
+    devices=frozenset({"cpu", "cuda"}),
+    cp=RANK_CAPS,
+)
 _naive = NaiveAttention()
 
 

@@ -18,9 +18,20 @@ from pathlib import Path
 from typing import Any
 
 CHROMIUM = "/usr/bin/chromium"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-extensions", "--disable-default-apps", "--mute-audio", "--hide-scrollbars"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-extensions",
+    "--disable-default-apps",
+    "--mute-audio",
+    "--hide-scrollbars",
+]
 
 
 class Browser:
@@ -31,10 +42,20 @@ class Browser:
         self._from_child, from_child_w = os.pipe()
         # the child expects to read commands on fd 3 and write replies on fd 4
         self.proc = subprocess.Popen(
-            [CHROMIUM, *FLAGS, f"--user-data-dir={self._profile.name}", "--remote-debugging-pipe",
-             "--window-size=1400,1000", "about:blank"],
-            pass_fds=(3, 4), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            preexec_fn=lambda: (os.dup2(to_child_r, 3), os.dup2(from_child_w, 4)) and None)
+            [
+                CHROMIUM,
+                *FLAGS,
+                f"--user-data-dir={self._profile.name}",
+                "--remote-debugging-pipe",
+                "--window-size=1400,1000",
+                "about:blank",
+            ],
+            pass_fds=(3, 4),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=lambda: (os.dup2(to_child_r, 3), os.dup2(from_child_w, 4)) and None,
+        )
         os.close(to_child_r)
         os.close(from_child_w)
         self._next = 0

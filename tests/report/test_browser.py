@@ -11,8 +11,10 @@ import pytest
 from report_cdp import CHROMIUM, Browser, load_page
 
 # skipped only where chromium is absent and CI has not said it must be there (.ci/run sets the variable)
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists() and not os.environ.get("LONGCA_REQUIRE_CHROMIUM"),
-                                reason=f"{CHROMIUM} missing (apt-get install chromium)")
+pytestmark = pytest.mark.skipif(
+    not Path(CHROMIUM).exists() and not os.environ.get("LONGCA_REQUIRE_CHROMIUM"),
+    reason=f"{CHROMIUM} missing (apt-get install chromium)",
+)
 
 
 def test_every_page_loads_and_renders(site: Path, tmp_path_factory: pytest.TempPathFactory) -> None:

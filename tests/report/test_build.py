@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC
 from pathlib import Path
 
 import polars as pl
@@ -11,9 +12,20 @@ from longca.cli import main
 
 def test_site_layout(site: Path) -> None:
     built = json.loads((site / "build.json").read_text())
-    for page in ("index.html", "masks.html", "sparse.html", "cp.html", "linear.html", "shapes.html", "gallery.html",
-                 "status.html",
-                 "peers.html", "environment.html", "mask-full.html", "mask-causal_document.html"):
+    for page in (
+        "index.html",
+        "masks.html",
+        "sparse.html",
+        "cp.html",
+        "linear.html",
+        "shapes.html",
+        "gallery.html",
+        "status.html",
+        "peers.html",
+        "environment.html",
+        "mask-full.html",
+        "mask-causal_document.html",
+    ):
         assert (site / page).is_file(), page
     bundle = (site / "assets" / "vega-bundle.js").read_text()
     assert "window.vegaEmbed" in bundle and len(bundle) > 100_000
@@ -39,8 +51,10 @@ def test_every_chart_is_on_a_page_and_pages_link_the_bundle_relatively(site: Pat
 def test_downloads_hold_every_row(site: Path, rows_path: Path) -> None:
     rows = pq.read_table(rows_path)
     assert pq.read_table(site / "data" / "all.parquet").num_rows == rows.num_rows
-    assert pq.read_table(site / "data" / "all.parquet").column("samples_ms").to_pylist() == \
-        rows.column("samples_ms").to_pylist()
+    assert (
+        pq.read_table(site / "data" / "all.parquet").column("samples_ms").to_pylist()
+        == rows.column("samples_ms").to_pylist()
+    )
     assert "COPY (SELECT * EXCLUDE (samples_ms) FROM" in (site / "environment.html").read_text()  # CSV on demand
 
 
@@ -78,8 +92,12 @@ def decode(enc: dict) -> list[dict]:
 def test_rows_encode_losslessly_and_repeated_columns_as_dictionaries() -> None:
     from longca.report.assets import encode_rows
 
-    rows = [{"kernel": "fa4", "tflops": 1.5, "cell_id": "@a"}, {"kernel": "fa4", "tflops": 2.5},
-            {"kernel": "fa4", "tflops": None, "cell_id": "@c", "note": "x<y"}, {"kernel": "flex", "tflops": 3.5}]
+    rows = [
+        {"kernel": "fa4", "tflops": 1.5, "cell_id": "@a"},
+        {"kernel": "fa4", "tflops": 2.5},
+        {"kernel": "fa4", "tflops": None, "cell_id": "@c", "note": "x<y"},
+        {"kernel": "flex", "tflops": 3.5},
+    ]
     enc = encode_rows(rows)
     assert enc["c"]["kernel"] == {"d": ["fa4", "flex"], "i": [0, 0, 0, 1]}  # 2 distinct of 4: a dictionary
     assert enc["c"]["tflops"] == [1.5, 2.5, None, 3.5]
@@ -98,8 +116,13 @@ def test_published_mode_writes_no_chart_files_and_links_none(tmp_path: Path, row
 
 def test_overview_content(site: Path) -> None:
     html = (site / "index.html").read_text()
-    for text in ("Kernel × mask support", "Best kernel per mask and length", "fraction of the best full-mask",
-                 "OOM at some sizes", "Fixture GPU (synthetic) @ fixture-host"):
+    for text in (
+        "Kernel × mask support",
+        "Best kernel per mask and length",
+        "fraction of the best full-mask",
+        "OOM at some sizes",
+        "Fixture GPU (synthetic) @ fixture-host",
+    ):
         assert text in html, text
 
 
@@ -117,8 +140,16 @@ def test_shape_study_has_its_page_and_leaves_the_length_charts(site: Path) -> No
 
 def test_environment_page_names_the_machine_and_reproduce_command(site: Path) -> None:
     html = (site / "environment.html").read_text()
-    for text in ("Fixture GPU (synthetic)", "fixture-host", "env-fixture", "run-fixture", "0000000",
-                 "longca report --data", "snakemake --cores all reports/fixture/index.html", "data/all.parquet"):
+    for text in (
+        "Fixture GPU (synthetic)",
+        "fixture-host",
+        "env-fixture",
+        "run-fixture",
+        "0000000",
+        "longca report --data",
+        "snakemake --cores all reports/fixture/index.html",
+        "data/all.parquet",
+    ):
         assert text in html, text
 
 
@@ -158,14 +189,30 @@ def test_empty_and_sparse_inputs_still_build(tmp_path: Path) -> None:
         assert all(c == "overview-support" for c in built.charts)
 
 
-
 def test_status_page_tables_phases_from_new_rows_beside_old_files(tmp_path: Path) -> None:
     from longca.report import build_report
     from longca.store.schema import to_table
 
-    base = dict(spec="s", kernel="k", mask="full", seqlen_q=1024, seqlen_k=1024, batch=1, heads_q=8, heads_kv=8,
-                head_dim=64, dtype="bf16", status="ok", tflops=1.0, median_ms=1.0, device_name="dev", host="h",
-                world_size=1, samples_ms=[500.0], cell_wall_s=2.0)
+    base = dict(
+        spec="s",
+        kernel="k",
+        mask="full",
+        seqlen_q=1024,
+        seqlen_k=1024,
+        batch=1,
+        heads_q=8,
+        heads_kv=8,
+        head_dim=64,
+        dtype="bf16",
+        status="ok",
+        tflops=1.0,
+        median_ms=1.0,
+        device_name="dev",
+        host="h",
+        world_size=1,
+        samples_ms=[500.0],
+        cell_wall_s=2.0,
+    )
     old = to_table([dict(base, sweep="old_sweep", cell_id="o", schema_version=1)])
     old = old.drop_columns(["check_s", "timer_wall_s", "warmup_s"])  # as schema 1 wrote it
     pq.write_table(old, tmp_path / "old.parquet")
@@ -183,13 +230,33 @@ def test_probe_rows_join_the_timing_tables_only(tmp_path: Path) -> None:
     from longca.report import build_report
     from longca.store.schema import to_table
 
-    base = dict(kernel="k", mask="full", seqlen_q=1024, seqlen_k=1024, batch=1, heads_q=8, heads_kv=8, head_dim=64,
-                dtype="bf16", status="ok", tflops=1.0, median_ms=1.0, device_name="dev", host="h", world_size=1,
-                samples_ms=[500.0], cell_wall_s=2.0, check_s=0.5, timer_wall_s=1.0, warmup_s=0.25)
+    base = dict(
+        kernel="k",
+        mask="full",
+        seqlen_q=1024,
+        seqlen_k=1024,
+        batch=1,
+        heads_q=8,
+        heads_kv=8,
+        head_dim=64,
+        dtype="bf16",
+        status="ok",
+        tflops=1.0,
+        median_ms=1.0,
+        device_name="dev",
+        host="h",
+        world_size=1,
+        samples_ms=[500.0],
+        cell_wall_s=2.0,
+        check_s=0.5,
+        timer_wall_s=1.0,
+        warmup_s=0.25,
+    )
     pq.write_table(to_table([dict(base, spec="s", sweep="main_sweep", cell_id="m")]), tmp_path / "rows.parquet")
     # a probe may re-measure the committed sweep's own cell: its rows stay apart, named for their file
-    pq.write_table(to_table([dict(base, spec="s", sweep="<probe>", cell_id="m", samples_ms=[1500.0])]),
-                   tmp_path / "probe.parquet")
+    pq.write_table(
+        to_table([dict(base, spec="s", sweep="<probe>", cell_id="m", samples_ms=[1500.0])]), tmp_path / "probe.parquet"
+    )
     built = build_report([tmp_path / "rows.parquet"], tmp_path / "site", png=False, probe=[tmp_path / "probe.parquet"])
     status = (tmp_path / "site" / "status.html").read_text()
     measured, phases = status.split("Where the cell wall time goes")
@@ -207,33 +274,67 @@ def test_probe_rows_join_the_timing_tables_only(tmp_path: Path) -> None:
 
 
 def test_superseded_rows_are_listed_and_timed_but_never_drawn(tmp_path: Path) -> None:
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from longca.report import build_report
     from longca.store.schema import to_table
 
-    base = dict(spec="s", sweep="dense", kernel="k", mask="full", seqlen_q=1024, seqlen_k=1024, batch=1, heads_q=8,
-                heads_kv=8, head_dim=64, dtype="bf16", status="ok", median_ms=1.0, device_name="dev", host="h",
-                world_size=1, cell_wall_s=2.0)
-    old = dict(base, cell_id="k/full@aaaa", cell_digest="aaaa", tflops=111.0, samples_ms=[500.0],
-               timestamp=datetime(2026, 12, 1, tzinfo=timezone.utc), clock_start_mhz=1981, clock_end_mhz=1979,
-               throttle_reasons="0x0")
-    new = dict(base, cell_id="k/full@bbbb", cell_digest="bbbb", tflops=222.0, samples_ms=[1500.0],
-               timestamp=datetime(2026, 12, 2, tzinfo=timezone.utc), clock_start_mhz=1851, clock_end_mhz=1703,
-               throttle_reasons="0x4")
+    base = dict(
+        spec="s",
+        sweep="dense",
+        kernel="k",
+        mask="full",
+        seqlen_q=1024,
+        seqlen_k=1024,
+        batch=1,
+        heads_q=8,
+        heads_kv=8,
+        head_dim=64,
+        dtype="bf16",
+        status="ok",
+        median_ms=1.0,
+        device_name="dev",
+        host="h",
+        world_size=1,
+        cell_wall_s=2.0,
+    )
+    old = dict(
+        base,
+        cell_id="k/full@aaaa",
+        cell_digest="aaaa",
+        tflops=111.0,
+        samples_ms=[500.0],
+        timestamp=datetime(2026, 12, 1, tzinfo=UTC),
+        clock_start_mhz=1981,
+        clock_end_mhz=1979,
+        throttle_reasons="0x0",
+    )
+    new = dict(
+        base,
+        cell_id="k/full@bbbb",
+        cell_digest="bbbb",
+        tflops=222.0,
+        samples_ms=[1500.0],
+        timestamp=datetime(2026, 12, 2, tzinfo=UTC),
+        clock_start_mhz=1851,
+        clock_end_mhz=1703,
+        throttle_reasons="0x4",
+    )
     pq.write_table(to_table([new, old]), tmp_path / "rows.parquet")
     build_report([tmp_path / "rows.parquet"], tmp_path / "site", png=False)
     status = (tmp_path / "site" / "status.html").read_text()
     assert "Superseded measurements" in status and "2026-12-01" in status
     assert "s (superseded)" in status and "0.75" in status and "0.25" in status  # each protocol's own share
     # each protocol's clocks, side by side
-    clocks = status[status.index("GPU clocks"):]
+    clocks = status[status.index("GPU clocks") :]
     assert all(str(mhz) in clocks for mhz in (1981, 1979, 1851, 1703)) and "sw_power_cap" in clocks
     csvs = "".join(p.read_text() for p in (tmp_path / "site" / "charts").glob("*.csv"))
     assert "222" in csvs and "111" not in csvs  # only the latest measurement is drawn
     # the download keeps every row
     assert sorted(pl.read_parquet(tmp_path / "site" / "data" / "all.parquet").get_column("tflops").to_list()) == [
-        111.0, 222.0]
+        111.0,
+        222.0,
+    ]
 
 
 def test_cells_the_given_spec_no_longer_has_are_named_on_the_status_page(tmp_path: Path) -> None:
@@ -243,12 +344,30 @@ def test_cells_the_given_spec_no_longer_has_are_named_on_the_status_page(tmp_pat
     from longca.store.schema import to_table
 
     spec = tmp_path / "tiny.yaml"
-    spec.write_text("name: tiny\ndevice: cpu\nheads: ['2:2']\nhead_dims: [16]\ndtypes: [float32]\npasses: [fwd]\n"
-                    "sweeps:\n  - name: dense\n    kernels: [naive]\n    masks: [full]\n    seqlens: [128]\n")
+    spec.write_text(
+        "name: tiny\ndevice: cpu\nheads: ['2:2']\nhead_dims: [16]\ndtypes: [float32]\npasses: [fwd]\n"
+        "sweeps:\n  - name: dense\n    kernels: [naive]\n    masks: [full]\n    seqlens: [128]\n"
+    )
     (cell,) = expand(load_spec(spec))
-    base = dict(spec="tiny", sweep="dense", kernel="naive", mask="full", seqlen_q=128, seqlen_k=128, batch=1,
-                heads_q=2, heads_kv=2, head_dim=16, dtype="float32", status="ok", tflops=1.0, median_ms=1.0,
-                device_name="dev", host="h", world_size=1)
+    base = dict(
+        spec="tiny",
+        sweep="dense",
+        kernel="naive",
+        mask="full",
+        seqlen_q=128,
+        seqlen_k=128,
+        batch=1,
+        heads_q=2,
+        heads_kv=2,
+        head_dim=16,
+        dtype="float32",
+        status="ok",
+        tflops=1.0,
+        median_ms=1.0,
+        device_name="dev",
+        host="h",
+        world_size=1,
+    )
     current = dict(base, cell_id=cell.id, cell_digest=cell.digest)
     pq.write_table(to_table([current]), tmp_path / "now.parquet")
     build_report([tmp_path / "now.parquet"], tmp_path / "site", spec=spec, png=False)
@@ -270,9 +389,17 @@ def test_cells_the_given_spec_no_longer_has_are_named_on_the_status_page(tmp_pat
 def test_fraction_summary_names_the_kernel_that_loses_least() -> None:
     from longca.report.build import _fraction_summary
 
-    frac = pl.DataFrame({"mask": ["causal"] * 3, "pass": ["fwd"] * 3, "shape": ["GQA"] * 3,
-                         "machine": ["m"] * 3, "kernel": ["fa4", "flex", "fa4"],
-                         "seqlen_q": [1024, 2048, 4096], "fraction": [0.5, 0.7, 0.9]})
+    frac = pl.DataFrame(
+        {
+            "mask": ["causal"] * 3,
+            "pass": ["fwd"] * 3,
+            "shape": ["GQA"] * 3,
+            "machine": ["m"] * 3,
+            "kernel": ["fa4", "flex", "fa4"],
+            "seqlen_q": [1024, 2048, 4096],
+            "fraction": [0.5, 0.7, 0.9],
+        }
+    )
     summary, cols, numeric = _fraction_summary(frac)
     row = summary.row(0, named=True)
     assert (row["min fraction"], row["median fraction"], row["max fraction"], row["lengths"]) == (0.5, 0.7, 0.9, 3)
@@ -296,7 +423,11 @@ def test_committed_reports_link_only_to_files_they_hold() -> None:
 
     root = Path(__file__).resolve().parents[2] / "reports"
     sites = [d for d in root.iterdir() if (d / "build.json").is_file()] if root.is_dir() else []
-    missing = [(site.name, page.name, target) for site in sites for page in site.glob("*.html")
-               for target in re.findall(r'(?:href|src)="([^"#]+)"', page.read_text())
-               if not target.startswith(("http:", "https:", "data:", "mailto:")) and not (site / target).exists()]
+    missing = [
+        (site.name, page.name, target)
+        for site in sites
+        for page in site.glob("*.html")
+        for target in re.findall(r'(?:href|src)="([^"#]+)"', page.read_text())
+        if not target.startswith(("http:", "https:", "data:", "mailto:")) and not (site / target).exists()
+    ]
     assert missing == []

@@ -20,13 +20,18 @@ def _all_charts(c: pl.DataFrame) -> list[charts.ChartSpec]:
     peer = peers.load()
     out = []
     best = queries.best_kernel(c)
-    out += [charts.support_chart(queries.support_matrix(c)), charts.best_heatmap(best),
-            charts.fraction_chart(queries.fraction_of_full(best))]
+    out += [
+        charts.support_chart(queries.support_matrix(c)),
+        charts.best_heatmap(best),
+        charts.fraction_chart(queries.fraction_of_full(best)),
+    ]
     ok = queries.mask_cells(c)
     out += [charts.mask_metric("causal", ok, m, peers.for_masks(peer)) for m in ("tflops", "peak_mem_gib")]
     sp = queries.sparse_cells(c)
     out += [charts.sparse_chart(sp, peers.for_sparse(peer), x) for x in ("density", "block_size", "seqlen_q")]
-    out += [charts.cp_chart(queries.cp_cells(c), peers.for_cp(peer), k) for k in ("world", "length", "comm", "imbalance")]
+    out += [
+        charts.cp_chart(queries.cp_cells(c), peers.for_cp(peer), k) for k in ("world", "length", "comm", "imbalance")
+    ]
     out += [charts.linear_chart(*queries.linear_vs_softmax(c))]
     out += [charts.shape_chart(queries.shape_study(c))]
     return [ch for ch in out if ch is not None]
@@ -86,8 +91,11 @@ def test_slug_keeps_file_names_safe() -> None:
 def test_variable_blocks_get_their_own_named_panel(cells: pl.DataFrame) -> None:
     # Real variable-block rows carry no block size (the H200 sweep's do): never a "block null" panel.
     sp = queries.sparse_cells(cells)
-    sp = sp.with_columns(block_size=pl.when(pl.col("mask") == "variable_block_sparse")
-                         .then(pl.lit(None, sp.schema["block_size"])).otherwise(pl.col("block_size")))
+    sp = sp.with_columns(
+        block_size=pl.when(pl.col("mask") == "variable_block_sparse")
+        .then(pl.lit(None, sp.schema["block_size"]))
+        .otherwise(pl.col("block_size"))
+    )
     spec = charts.sparse_chart(sp, peers.for_sparse(peers.load()), "density").spec()
     labels = {v.get("block_label") for v in _layer(spec, "measured")}
     assert "variable blocks" in labels and all(label and "null" not in label for label in labels)
@@ -116,15 +124,19 @@ def test_sparse_peer_layers_do_not_depend_on_input_order(cells: pl.DataFrame, x:
     sp, pe = queries.sparse_cells(cells), peers.for_sparse(peers.load())
     first = charts.sparse_chart(sp, pe, x).spec()
     for seed in (1, 2, 3):
-        again = charts.sparse_chart(sp.sample(fraction=1.0, shuffle=True, seed=seed),
-                                    pe.sample(fraction=1.0, shuffle=True, seed=seed), x).spec()
-        assert [_layer(again, k) for k in ("peer_range", "peer_text")] == [_layer(first, k) for k in ("peer_range", "peer_text")]
+        again = charts.sparse_chart(
+            sp.sample(fraction=1.0, shuffle=True, seed=seed), pe.sample(fraction=1.0, shuffle=True, seed=seed), x
+        ).spec()
+        assert [_layer(again, k) for k in ("peer_range", "peer_text")] == [
+            _layer(first, k) for k in ("peer_range", "peer_text")
+        ]
     assert _layer(first, "peer_range")  # the comparison is not vacuous
 
 
 def _encodings(spec: dict[str, Any]) -> list[dict[str, Any]]:
     """Every `encoding` in a spec, however deep (layers, facets)."""
     found = []
+
     def walk(node: Any) -> None:
         if isinstance(node, dict):
             if isinstance(node.get("encoding"), dict):
@@ -134,6 +146,7 @@ def _encodings(spec: dict[str, Any]) -> list[dict[str, Any]]:
         elif isinstance(node, list):
             for v in node:
                 walk(v)
+
     walk({k: v for k, v in spec.items() if k != "datasets"})
     return found
 

@@ -9,19 +9,43 @@ import pytest
 
 from longca.report import fidelity
 
-DENSE = {"backward": "retained_graph", "budget_s": 2.0, "iters": 1000, "l2_flush": True, "min_iters": 10,
-         "warmup": 3, "warmup_s": 0.05}
+DENSE = {
+    "backward": "retained_graph",
+    "budget_s": 2.0,
+    "iters": 1000,
+    "l2_flush": True,
+    "min_iters": 10,
+    "warmup": 3,
+    "warmup_s": 0.05,
+}
 
 
 def _checks(tmp_path: Path) -> Path:
     cases = [
         # an early check: one round, no protocol recorded (the fixed 5 + 20 calls)
-        {"kernel": "sdpa_cudnn", "mask": "causal", "heads": "64:8", "seqlen": 32768, "longca_median_ms": 28.7,
-         "do_bench_median_ms": 29.7, "ratio": 0.9665},
+        {
+            "kernel": "sdpa_cudnn",
+            "mask": "causal",
+            "heads": "64:8",
+            "seqlen": 32768,
+            "longca_median_ms": 28.7,
+            "do_bench_median_ms": 29.7,
+            "ratio": 0.9665,
+        },
         # three rounds under a sweep's protocol, with the matched loop; a kernel name to escape
-        {"kernel": "<fa4>", "mask": "full", "heads": "32:32", "seqlen": 32768, "device": "NVIDIA H200",
-         "longca_median_ms": 26.0, "do_bench_median_ms": 26.0, "ratio": 1.0, "ratios": [0.9899, 1.0005, 1.0],
-         "matched_ratio": 1.0, "protocol": DENSE},
+        {
+            "kernel": "<fa4>",
+            "mask": "full",
+            "heads": "32:32",
+            "seqlen": 32768,
+            "device": "NVIDIA H200",
+            "longca_median_ms": 26.0,
+            "do_bench_median_ms": 26.0,
+            "ratio": 1.0,
+            "ratios": [0.9899, 1.0005, 1.0],
+            "matched_ratio": 1.0,
+            "protocol": DENSE,
+        },
         {"kernel": "fa4", "mask": "causal", "error": "flash_attn.cute not installed"},
     ]
     path = tmp_path / "fidelity.json"
@@ -42,12 +66,14 @@ def test_cases_become_rows_with_the_goal_judged_on_the_median_ratio(tmp_path: Pa
     assert swept["protocol"].startswith("warm-up cut at 50 ms") and swept["device"] == "NVIDIA H200"
     assert (failed["ratio"], failed["within_goal"], failed["error"]) == (None, None, "flash_attn.cute not installed")
     assert fidelity.summary(fidelity.load_checks([_checks(tmp_path)], {})).endswith(
-        "1 of 2 cases within 3% (ratios 0.9665-1.0000, median 0.9832).")
+        "1 of 2 cases within 3% (ratios 0.9665-1.0000, median 0.9832)."
+    )
 
 
 def test_the_status_page_lists_every_check_escaped_and_the_command_names_the_files(tmp_path: Path) -> None:
-    from longca.report import build_report
     from report_rows import write_one_row
+
+    from longca.report import build_report
 
     write_one_row(tmp_path / "rows.parquet")
     checks = _checks(tmp_path)

@@ -7,7 +7,7 @@ import polars as pl
 
 from longca.report.pages import Page, Table, render, script_json
 
-HOSTILE = '</script><script>alert(1)</script>&'
+HOSTILE = "</script><script>alert(1)</script>&"
 
 
 def test_script_json_cannot_close_its_element() -> None:
@@ -41,7 +41,8 @@ def test_pages_load_nothing_from_the_network_and_show_no_machine_paths(site: Pat
     for page in site.glob("*.html"):
         html = page.read_text()
         assert "http://" not in html.replace("http://www.w3.org", "") and "https://" not in html.replace(
-            "https://vega.github.io/schema", ""), page.name
+            "https://vega.github.io/schema", ""
+        ), page.name
         assert str(site.parent) not in html, page.name  # absolute paths of the build machine
 
 

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from datetime import UTC
 from typing import Any
 
 import polars as pl
@@ -10,12 +11,29 @@ from longca.report import queries
 from longca.store.schema import to_table
 
 
-def _row(kernel: str = "k", mask: str = "full", s: int = 1024, status: str = "ok", tflops: float | None = 100.0,
-         **kw: Any) -> dict[str, Any]:
-    row = dict(kernel=kernel, mask=mask, seqlen_q=s, seqlen_k=s, batch=1, heads_q=8, heads_kv=8, head_dim=64,
-               dtype="bf16", status=status, tflops=tflops if status == "ok" else None, device_name="dev",
-               host="h", device="cuda", cell_id=f"{kernel}/{mask}/{s}/{kw.get('pass', 'fwd')}", world_size=1,
-               median_ms=1.0, reason=None if status == "ok" else f"{status} reason")
+def _row(
+    kernel: str = "k", mask: str = "full", s: int = 1024, status: str = "ok", tflops: float | None = 100.0, **kw: Any
+) -> dict[str, Any]:
+    row = dict(
+        kernel=kernel,
+        mask=mask,
+        seqlen_q=s,
+        seqlen_k=s,
+        batch=1,
+        heads_q=8,
+        heads_kv=8,
+        head_dim=64,
+        dtype="bf16",
+        status=status,
+        tflops=tflops if status == "ok" else None,
+        device_name="dev",
+        host="h",
+        device="cuda",
+        cell_id=f"{kernel}/{mask}/{s}/{kw.get('pass', 'fwd')}",
+        world_size=1,
+        median_ms=1.0,
+        reason=None if status == "ok" else f"{status} reason",
+    )
     row["pass"] = "fwd"
     row.update(kw)
     return row
@@ -56,9 +74,15 @@ def test_same_cell_on_two_machines_stays_two_cells() -> None:
 
 
 def test_best_kernel_and_fraction_of_full() -> None:
-    c = _cells([_row("a", "full", tflops=200.0), _row("b", "full", tflops=150.0),
-                _row("a", "causal", tflops=80.0), _row("b", "causal", tflops=120.0),
-                _row("b", "sliding_window", s=2048, tflops=50.0)])
+    c = _cells(
+        [
+            _row("a", "full", tflops=200.0),
+            _row("b", "full", tflops=150.0),
+            _row("a", "causal", tflops=80.0),
+            _row("b", "causal", tflops=120.0),
+            _row("b", "sliding_window", s=2048, tflops=50.0),
+        ]
+    )
     best = queries.best_kernel(c)
     by = {r["mask"]: (r["kernel"], r["tflops"]) for r in best.iter_rows(named=True)}
     assert by == {"full": ("a", 200.0), "causal": ("b", 120.0), "sliding_window": ("b", 50.0)}
@@ -69,9 +93,16 @@ def test_best_kernel_and_fraction_of_full() -> None:
 
 def test_fraction_leaves_out_lengths_where_fewer_kernels_ran() -> None:
     # At 2048 only kernel b ran: its fraction there would compare another kernel set.
-    c = _cells([_row("a", "full", tflops=200.0), _row("b", "full", tflops=150.0),
-                _row("a", "causal", tflops=80.0), _row("b", "causal", tflops=120.0),
-                _row("b", "full", s=2048, tflops=150.0), _row("b", "causal", s=2048, tflops=15.0)])
+    c = _cells(
+        [
+            _row("a", "full", tflops=200.0),
+            _row("b", "full", tflops=150.0),
+            _row("a", "causal", tflops=80.0),
+            _row("b", "causal", tflops=120.0),
+            _row("b", "full", s=2048, tflops=150.0),
+            _row("b", "causal", s=2048, tflops=15.0),
+        ]
+    )
     best = queries.best_kernel(c)
     assert set(queries.fraction_of_full(best).get_column("seqlen_q")) == {1024, 2048}
     kept = queries.fraction_of_full(best, c)
@@ -80,20 +111,38 @@ def test_fraction_leaves_out_lengths_where_fewer_kernels_ran() -> None:
 
 def test_fraction_keeps_lengths_where_only_losing_kernels_are_missing() -> None:
     # Kernel c (a slow baseline) ran only at 1024 and never wins: 2048 still counts.
-    c = _cells([_row("a", "full", tflops=200.0), _row("a", "causal", tflops=120.0),
-                _row("c", "full", tflops=20.0), _row("c", "causal", tflops=10.0),
-                _row("a", "full", s=2048, tflops=210.0), _row("a", "causal", s=2048, tflops=105.0)])
+    c = _cells(
+        [
+            _row("a", "full", tflops=200.0),
+            _row("a", "causal", tflops=120.0),
+            _row("c", "full", tflops=20.0),
+            _row("c", "causal", tflops=10.0),
+            _row("a", "full", s=2048, tflops=210.0),
+            _row("a", "causal", s=2048, tflops=105.0),
+        ]
+    )
     kept = queries.fraction_of_full(queries.best_kernel(c), c)
     assert {(r["mask"], r["seqlen_q"]): r["fraction"] for r in kept.iter_rows(named=True)} == {
-        ("causal", 1024): 0.6, ("causal", 2048): 0.5, ("full", 1024): 1.0, ("full", 2048): 1.0}
+        ("causal", 1024): 0.6,
+        ("causal", 2048): 0.5,
+        ("full", 1024): 1.0,
+        ("full", 2048): 1.0,
+    }
 
 
 def test_support_matrix_categories() -> None:
-    rows = [_row("a", "full"), _row("a", "full", s=2048, status="oom"),
-            _row("a", "causal", status="unsupported"), _row("b", "full"), _row("b", "causal", status="error"),
-            _row("b", "causal", s=2048)]
-    m = {(r["kernel"], r["mask"]): (r["category"], r["label"]) for r in
-         queries.support_matrix(_cells(rows)).iter_rows(named=True)}
+    rows = [
+        _row("a", "full"),
+        _row("a", "full", s=2048, status="oom"),
+        _row("a", "causal", status="unsupported"),
+        _row("b", "full"),
+        _row("b", "causal", status="error"),
+        _row("b", "causal", s=2048),
+    ]
+    m = {
+        (r["kernel"], r["mask"]): (r["category"], r["label"])
+        for r in queries.support_matrix(_cells(rows)).iter_rows(named=True)
+    }
     assert m[("a", "full")] == ("OOM at some sizes", "1/2 ok")
     assert m[("a", "causal")] == ("unsupported", "0/1 ok")
     assert m[("b", "full")] == ("supported", "1/1 ok")
@@ -101,8 +150,18 @@ def test_support_matrix_categories() -> None:
 
 
 def test_cp_ratios() -> None:
-    c = _cells([_row(world_size=2, cp_mechanism="ring", rank_ms=[1.0, 3.0], rank_area=[10, 30],
-                     comm_exposed_ms=0.5, median_ms=2.0)])
+    c = _cells(
+        [
+            _row(
+                world_size=2,
+                cp_mechanism="ring",
+                rank_ms=[1.0, 3.0],
+                rank_area=[10, 30],
+                comm_exposed_ms=0.5,
+                median_ms=2.0,
+            )
+        ]
+    )
     cp = queries.cp_cells(c)
     assert cp.item(0, "imbalance_time") == pytest.approx(1.5)
     assert cp.item(0, "imbalance_area") == pytest.approx(1.5)
@@ -111,23 +170,66 @@ def test_cp_ratios() -> None:
 
 
 def test_cp_vs_single_matches_the_per_rank_work() -> None:
-    rows = [_row("cudnn", "causal", 32768, tflops=600.0, cell_id="s32"),
-            _row("cudnn", "causal", 65536, tflops=500.0, cell_id="s64"),  # same total length: not the match
-            _row("cudnn", "causal", 32768, tflops=600.0, heads_kv=2, cell_id="s32gqa"),  # other heads
-            _row("cudnn", "causal", 65536, tflops=540.0, world_size=2, cp_mechanism="ring_p2p",
-                 cp_balance="zigzag", cell_id="cp"),
-            _row("cudnn", "causal", 262144, tflops=500.0, world_size=2, cp_mechanism="ulysses",
-                 cell_id="cp-no-single")]
+    rows = [
+        _row("cudnn", "causal", 32768, tflops=600.0, cell_id="s32"),
+        _row("cudnn", "causal", 65536, tflops=500.0, cell_id="s64"),  # same total length: not the match
+        _row("cudnn", "causal", 32768, tflops=600.0, heads_kv=2, cell_id="s32gqa"),  # other heads
+        _row(
+            "cudnn",
+            "causal",
+            65536,
+            tflops=540.0,
+            world_size=2,
+            cp_mechanism="ring_p2p",
+            cp_balance="zigzag",
+            cell_id="cp",
+        ),
+        _row("cudnn", "causal", 262144, tflops=500.0, world_size=2, cp_mechanism="ulysses", cell_id="cp-no-single"),
+    ]
     tiles = "triton tiles fwd=128,128,4,2"
-    rows += [_row("triton_block_sparse", "block_sparse", 32768, tflops=400.0, mask_variant="b128", backend=tiles,
-                  cell_id="t32"),
-             _row("triton_block_sparse", "block_sparse", 32768, tflops=100.0, mask_variant="b64", backend=tiles,
-                  cell_id="t32-64"),
-             # a CP row that does not name its tiles has nothing to be compared with
-             _row("triton_block_sparse", "block_sparse", 65536, tflops=380.0, world_size=2, mask_variant="b128",
-                  cp_mechanism="ring_p2p", backend="triton_block_sparse", cell_id="cp-t-unnamed"),
-             _row("triton_block_sparse", "block_sparse", 65536, tflops=380.0, world_size=2, mask_variant="b128",
-                  cp_mechanism="ulysses", backend=tiles, cell_id="cp-t")]
+    rows += [
+        _row(
+            "triton_block_sparse",
+            "block_sparse",
+            32768,
+            tflops=400.0,
+            mask_variant="b128",
+            backend=tiles,
+            cell_id="t32",
+        ),
+        _row(
+            "triton_block_sparse",
+            "block_sparse",
+            32768,
+            tflops=100.0,
+            mask_variant="b64",
+            backend=tiles,
+            cell_id="t32-64",
+        ),
+        # a CP row that does not name its tiles has nothing to be compared with
+        _row(
+            "triton_block_sparse",
+            "block_sparse",
+            65536,
+            tflops=380.0,
+            world_size=2,
+            mask_variant="b128",
+            cp_mechanism="ring_p2p",
+            backend="triton_block_sparse",
+            cell_id="cp-t-unnamed",
+        ),
+        _row(
+            "triton_block_sparse",
+            "block_sparse",
+            65536,
+            tflops=380.0,
+            world_size=2,
+            mask_variant="b128",
+            cp_mechanism="ulysses",
+            backend=tiles,
+            cell_id="cp-t",
+        ),
+    ]
     vs = queries.cp_vs_single(_cells(rows))
     t = vs.filter(pl.col("kernel") == "triton_block_sparse")
     assert t.get_column("cell_id").to_list() == ["cp-t"]
@@ -141,14 +243,16 @@ def test_cp_vs_single_matches_the_per_rank_work() -> None:
 
 def test_sparse_vs_dense_reads_the_dense_full_mask_cell_of_the_same_shape() -> None:
     sparse = dict(mask="block_sparse", block_size=128, density=0.5, mask_variant="b128-d0.5")
-    rows = [_row("sdpa_cudnn", "full", 65536, tflops=600.0, median_ms=10.0, cell_id="dense64"),
-            _row("sdpa_cudnn", "full", 65536, tflops=500.0, median_ms=12.0, heads_kv=2, cell_id="dense64-gqa"),
-            _row("sdpa_cudnn", "causal", 65536, tflops=580.0, median_ms=5.2, cell_id="causal64"),  # not the reference
-            _row("fa4", "full", 65536, tflops=650.0, median_ms=9.2, cell_id="fa4-64"),  # another dense kernel
-            _row("triton_block_sparse", s=65536, tflops=540.0, median_ms=5.5, cell_id="t64", **sparse),
-            _row("triton_block_sparse", s=65536, tflops=450.0, median_ms=6.6, heads_kv=2, cell_id="t64-gqa", **sparse),
-            _row("triton_block_sparse", s=131072, tflops=520.0, median_ms=23.0, cell_id="t128", **sparse),  # no dense
-            _row("flex", s=65536, tflops=300.0, median_ms=9.9, pass_="bwd", cell_id="f64-bwd", **sparse)]
+    rows = [
+        _row("sdpa_cudnn", "full", 65536, tflops=600.0, median_ms=10.0, cell_id="dense64"),
+        _row("sdpa_cudnn", "full", 65536, tflops=500.0, median_ms=12.0, heads_kv=2, cell_id="dense64-gqa"),
+        _row("sdpa_cudnn", "causal", 65536, tflops=580.0, median_ms=5.2, cell_id="causal64"),  # not the reference
+        _row("fa4", "full", 65536, tflops=650.0, median_ms=9.2, cell_id="fa4-64"),  # another dense kernel
+        _row("triton_block_sparse", s=65536, tflops=540.0, median_ms=5.5, cell_id="t64", **sparse),
+        _row("triton_block_sparse", s=65536, tflops=450.0, median_ms=6.6, heads_kv=2, cell_id="t64-gqa", **sparse),
+        _row("triton_block_sparse", s=131072, tflops=520.0, median_ms=23.0, cell_id="t128", **sparse),  # no dense
+        _row("flex", s=65536, tflops=300.0, median_ms=9.9, pass_="bwd", cell_id="f64-bwd", **sparse),
+    ]
     for r in rows:
         if "pass_" in r:
             r["pass"] = r.pop("pass_")
@@ -162,14 +266,16 @@ def test_sparse_vs_dense_reads_the_dense_full_mask_cell_of_the_same_shape() -> N
 
 def test_sparse_side_by_side_puts_each_kernels_figure_or_status_on_one_line() -> None:
     sparse = dict(mask="block_sparse", block_size=64, density=0.5, mask_variant="b64-d0.5")
-    rows = [_row("triton_block_sparse", s=16384, tflops=440.0, cell_id="t", **sparse),
-            _row("vsa_triton", s=16384, tflops=385.0, cell_id="v", **sparse),
-            _row("flex", s=16384, tflops=116.0, cell_id="f", **sparse),
-            _row("flashinfer_block_sparse", s=16384, status="unsupported", cell_id="fi", **sparse),
-            _row("triton_block_sparse", s=16384, tflops=430.0, heads_kv=2, cell_id="t-gqa", **sparse),
-            _row("vsa_triton", s=16384, status="unsupported", heads_kv=2, cell_id="v-gqa", **sparse),
-            _row("flex", s=16384, status="oom", heads_kv=2, cell_id="f-gqa", **sparse),
-            _row("sdpa_cudnn", "full", 16384, tflops=600.0, cell_id="dense")]  # not a sparse cell
+    rows = [
+        _row("triton_block_sparse", s=16384, tflops=440.0, cell_id="t", **sparse),
+        _row("vsa_triton", s=16384, tflops=385.0, cell_id="v", **sparse),
+        _row("flex", s=16384, tflops=116.0, cell_id="f", **sparse),
+        _row("flashinfer_block_sparse", s=16384, status="unsupported", cell_id="fi", **sparse),
+        _row("triton_block_sparse", s=16384, tflops=430.0, heads_kv=2, cell_id="t-gqa", **sparse),
+        _row("vsa_triton", s=16384, status="unsupported", heads_kv=2, cell_id="v-gqa", **sparse),
+        _row("flex", s=16384, status="oom", heads_kv=2, cell_id="f-gqa", **sparse),
+        _row("sdpa_cudnn", "full", 16384, tflops=600.0, cell_id="dense"),
+    ]  # not a sparse cell
     table, kernels = queries.sparse_side_by_side(_cells(rows))
     assert kernels == ["flashinfer_block_sparse", "flex", "triton_block_sparse", "vsa_triton"]
     assert table.height == 2 and table.get_column("heads_kv").to_list() == [2, 8]
@@ -183,11 +289,13 @@ def test_sparse_side_by_side_puts_each_kernels_figure_or_status_on_one_line() ->
 
 
 def test_measurement_time_counts_each_cells_wall_once() -> None:
-    rows = [_row(cell_id="a", spec="s", sweep="w", samples_ms=[100.0, 100.0], cell_wall_s=1.0, mask_sample=0),
-            _row(cell_id="a", spec="s", sweep="w", samples_ms=[200.0], cell_wall_s=1.0, mask_sample=1),
-            _row(cell_id="b", spec="s", sweep="w", samples_ms=[50.0], cell_wall_s=3.0),
-            _row(cell_id="c", spec="s", sweep="w", samples_ms=[50.0], cell_wall_s=None),  # no wall: left out
-            _row(cell_id="d", spec="s", sweep="w", status="unsupported", samples_ms=None, cell_wall_s=0.5)]
+    rows = [
+        _row(cell_id="a", spec="s", sweep="w", samples_ms=[100.0, 100.0], cell_wall_s=1.0, mask_sample=0),
+        _row(cell_id="a", spec="s", sweep="w", samples_ms=[200.0], cell_wall_s=1.0, mask_sample=1),
+        _row(cell_id="b", spec="s", sweep="w", samples_ms=[50.0], cell_wall_s=3.0),
+        _row(cell_id="c", spec="s", sweep="w", samples_ms=[50.0], cell_wall_s=None),  # no wall: left out
+        _row(cell_id="d", spec="s", sweep="w", status="unsupported", samples_ms=None, cell_wall_s=0.5),
+    ]
     t = queries.measurement_time(pl.from_arrow(to_table(rows)))
     assert t.height == 1 and t.item(0, "cells") == 3
     assert t.item(0, "timed_s") == pytest.approx(0.45)
@@ -197,22 +305,62 @@ def test_measurement_time_counts_each_cells_wall_once() -> None:
 
 def test_measurement_phases_add_up_to_the_wall_of_cells_with_phase_times() -> None:
     w = dict(spec="s", sweep="w")
-    rows = [_row(cell_id="a", **w, mask_sample=0, samples_ms=[100.0, 100.0], warmup_s=0.3, compile_s=0.1,
-                 timer_wall_s=0.6, mask_build_s=0.05, check_s=0.2, cell_wall_s=1.5),
-            _row(cell_id="a", **w, mask_sample=1, samples_ms=[200.0], warmup_s=0.2, compile_s=0.0,
-                 timer_wall_s=0.35, mask_build_s=0.05, check_s=0.2, cell_wall_s=1.5),
-            _row(cell_id="b", **w, samples_ms=[50.0], cell_wall_s=3.0, schema_version=1),  # schema 1: left out
-            _row(cell_id="c", **w, status="unsupported", samples_ms=None, cell_wall_s=0.5),  # all of it is rest
-            # compilation longer than the warm-up (outside the timer, like a CP plan): the excess leaves `rest`
-            # and an idle pause before its measurement (repeat.cooldown_s) is its own phase
-            _row(cell_id="d", **w, samples_ms=[100.0], warmup_s=0.1, compile_s=0.3, timer_wall_s=0.25,
-                 mask_build_s=0.0, check_s=0.0, cooldown_s=0.2, cell_wall_s=1.0)]
+    rows = [
+        _row(
+            cell_id="a",
+            **w,
+            mask_sample=0,
+            samples_ms=[100.0, 100.0],
+            warmup_s=0.3,
+            compile_s=0.1,
+            timer_wall_s=0.6,
+            mask_build_s=0.05,
+            check_s=0.2,
+            cell_wall_s=1.5,
+        ),
+        _row(
+            cell_id="a",
+            **w,
+            mask_sample=1,
+            samples_ms=[200.0],
+            warmup_s=0.2,
+            compile_s=0.0,
+            timer_wall_s=0.35,
+            mask_build_s=0.05,
+            check_s=0.2,
+            cell_wall_s=1.5,
+        ),
+        _row(cell_id="b", **w, samples_ms=[50.0], cell_wall_s=3.0, schema_version=1),  # schema 1: left out
+        _row(cell_id="c", **w, status="unsupported", samples_ms=None, cell_wall_s=0.5),  # all of it is rest
+        # compilation longer than the warm-up (outside the timer, like a CP plan): the excess leaves `rest`
+        # and an idle pause before its measurement (repeat.cooldown_s) is its own phase
+        _row(
+            cell_id="d",
+            **w,
+            samples_ms=[100.0],
+            warmup_s=0.1,
+            compile_s=0.3,
+            timer_wall_s=0.25,
+            mask_build_s=0.0,
+            check_s=0.0,
+            cooldown_s=0.2,
+            cell_wall_s=1.0,
+        ),
+    ]
     df = pl.from_arrow(to_table(rows))
     t = queries.measurement_phases(df)
     assert t.height == 1 and t.item(0, "cells") == 3
     assert t.item(0, "wall_s") == pytest.approx(3.0)
-    want = {"timed": 0.5, "warmup": 0.4, "other_timer": 0.1, "check": 0.2, "compile": 0.4, "mask_build": 0.1,
-            "cooldown": 0.2, "rest": 0.25 + 0.5 + 0.35}
+    want = {
+        "timed": 0.5,
+        "warmup": 0.4,
+        "other_timer": 0.1,
+        "check": 0.2,
+        "compile": 0.4,
+        "mask_build": 0.1,
+        "cooldown": 0.2,
+        "rest": 0.25 + 0.5 + 0.35,
+    }
     for phase, seconds in want.items():
         assert t.item(0, f"{phase}_s") == pytest.approx(seconds), phase
         assert t.item(0, f"{phase}_share") == pytest.approx(seconds / 3.0), phase
@@ -229,7 +377,9 @@ def test_measurement_phases_of_schema_1_rows_only_is_empty() -> None:
 def _linear_case(soft: list[float], lin: list[float]) -> pl.DataFrame:
     lengths = [1024 * 2**i for i in range(len(soft))]
     rows = [_row("softmax_k", "causal", s, tokens_per_s=t) for s, t in zip(lengths, soft)]
-    rows += [_row("lin", "causal", s, tokens_per_s=t, kernel_family="linear", tflops=None) for s, t in zip(lengths, lin)]
+    rows += [
+        _row("lin", "causal", s, tokens_per_s=t, kernel_family="linear", tflops=None) for s, t in zip(lengths, lin)
+    ]
     return queries.linear_vs_softmax(_cells(rows))[1]
 
 
@@ -244,8 +394,11 @@ def test_linear_crossover() -> None:
 
 
 def test_linear_series_names_best_softmax_per_length() -> None:
-    rows = [_row("s1", "causal", 1024, tokens_per_s=10.0), _row("s2", "causal", 1024, tokens_per_s=30.0),
-            _row("lin", "causal", 1024, tokens_per_s=20.0, kernel_family="linear", tflops=None)]
+    rows = [
+        _row("s1", "causal", 1024, tokens_per_s=10.0),
+        _row("s2", "causal", 1024, tokens_per_s=30.0),
+        _row("lin", "causal", 1024, tokens_per_s=20.0, kernel_family="linear", tflops=None),
+    ]
     series, _ = queries.linear_vs_softmax(_cells(rows))
     soft = series.filter(pl.col("series") == "best softmax")
     assert soft.select("kernel", "tokens_per_s").row(0) == ("s2", 30.0)
@@ -268,13 +421,17 @@ def test_linear_best_softmax_only_where_every_softmax_kernel_has_a_row() -> None
 
 
 def test_linear_compares_the_same_kv_heads_only() -> None:
-    rows = [_row("soft_gqa", "causal", 1024, heads_kv=2, tokens_per_s=100.0),
-            _row("soft_mha", "causal", 1024, tokens_per_s=10.0),
-            _row("lin", "causal", 1024, tokens_per_s=20.0, kernel_family="linear", tflops=None)]
+    rows = [
+        _row("soft_gqa", "causal", 1024, heads_kv=2, tokens_per_s=100.0),
+        _row("soft_mha", "causal", 1024, tokens_per_s=10.0),
+        _row("lin", "causal", 1024, tokens_per_s=20.0, kernel_family="linear", tflops=None),
+    ]
     series, cross = queries.linear_vs_softmax(_cells(rows))
     assert series.filter(pl.col("series") == "best softmax").get_column("kernel").to_list() == ["soft_mha"]
-    assert cross.select("group", "crossover").row(0) == ("causal fwd H=8:8 D=64 bf16 on " +
-                                                          series.item(0, "machine"), 1024)
+    assert cross.select("group", "crossover").row(0) == (
+        "causal fwd H=8:8 D=64 bf16 on " + series.item(0, "machine"),
+        1024,
+    )
 
 
 def test_fixture_rows_cover_every_family() -> None:
@@ -288,16 +445,29 @@ def test_fixture_rows_cover_every_family() -> None:
 
 def _stamped(digest: str, day: int, tflops: float, **kw: Any) -> dict[str, Any]:
     """A row of cell 'k/full/1024/fwd' measured under the protocol whose digest is `digest`."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     kw = {"spec": "s", "sweep": "dense", **kw}
-    return _row(tflops=tflops, cell_id=f"k/full/1024/fwd@{digest}", cell_digest=digest,
-                timestamp=datetime(2026, 12, day, tzinfo=timezone.utc), **kw)
+    return _row(
+        tflops=tflops,
+        cell_id=f"k/full/1024/fwd@{digest}",
+        cell_digest=digest,
+        timestamp=datetime(2026, 12, day, tzinfo=UTC),
+        **kw,
+    )
 
 
 def test_supersede_draws_the_latest_protocol_of_a_cell_and_returns_the_rest() -> None:
-    rows = pl.from_arrow(to_table([_stamped("aaaa", 1, 10.0, mask_sample=0), _stamped("aaaa", 1, 12.0, mask_sample=1),
-                                   _stamped("bbbb", 3, 20.0), _row(tflops=5.0, spec="s", sweep="dense")]))
+    rows = pl.from_arrow(
+        to_table(
+            [
+                _stamped("aaaa", 1, 10.0, mask_sample=0),
+                _stamped("aaaa", 1, 12.0, mask_sample=1),
+                _stamped("bbbb", 3, 20.0),
+                _row(tflops=5.0, spec="s", sweep="dense"),
+            ]
+        )
+    )
     current, old = queries.supersede(rows)
     assert sorted(old.get_column("tflops").to_list()) == [10.0, 12.0]  # both samples of the older digest
     assert sorted(current.get_column("tflops").to_list()) == [5.0, 20.0]  # the newer digest; a row without one
@@ -313,10 +483,15 @@ def test_supersede_is_decided_by_time_not_by_file_order() -> None:
 
 
 def test_supersede_keeps_each_machine_spec_and_sweep_apart() -> None:
-    rows = pl.from_arrow(to_table([
-        _stamped("aaaa", 1, 10.0), _stamped("bbbb", 3, 20.0, host="other"),  # same cell id, two machines
-        _stamped("cccc", 2, 30.0, sweep="long"),  # same cell id in another sweep
-    ]))
+    rows = pl.from_arrow(
+        to_table(
+            [
+                _stamped("aaaa", 1, 10.0),
+                _stamped("bbbb", 3, 20.0, host="other"),  # same cell id, two machines
+                _stamped("cccc", 2, 30.0, sweep="long"),  # same cell id in another sweep
+            ]
+        )
+    )
     current, old = queries.supersede(rows)
     assert old.height == 0 and current.height == 3
 
@@ -337,12 +512,14 @@ def test_throttle_names_decode_nvml_bits_and_keep_unknown_ones() -> None:
 
 def test_clocks_per_sweep_over_ok_rows_with_a_clock() -> None:
     w = dict(spec="s", sweep="w")
-    rows = [_row(cell_id="a", **w, clock_start_mhz=1980, clock_end_mhz=1980, throttle_reasons="0x0"),
-            _row(cell_id="b", **w, clock_start_mhz=1900, clock_end_mhz=1700, throttle_reasons="0x4"),
-            _row(cell_id="c", **w, clock_start_mhz=1800, clock_end_mhz=1750, throttle_reasons="0x24"),
-            _row(cell_id="d", **w, clock_start_mhz=None, clock_end_mhz=None),  # CPU row: no clock
-            _row(cell_id="e", **w, status="oom", clock_start_mhz=500, clock_end_mhz=500, throttle_reasons="0x8"),
-            _row(cell_id="f", spec="s", sweep="v", clock_start_mhz=1000, clock_end_mhz=990, throttle_reasons="0x0")]
+    rows = [
+        _row(cell_id="a", **w, clock_start_mhz=1980, clock_end_mhz=1980, throttle_reasons="0x0"),
+        _row(cell_id="b", **w, clock_start_mhz=1900, clock_end_mhz=1700, throttle_reasons="0x4"),
+        _row(cell_id="c", **w, clock_start_mhz=1800, clock_end_mhz=1750, throttle_reasons="0x24"),
+        _row(cell_id="d", **w, clock_start_mhz=None, clock_end_mhz=None),  # CPU row: no clock
+        _row(cell_id="e", **w, status="oom", clock_start_mhz=500, clock_end_mhz=500, throttle_reasons="0x8"),
+        _row(cell_id="f", spec="s", sweep="v", clock_start_mhz=1000, clock_end_mhz=990, throttle_reasons="0x0"),
+    ]
     out = queries.clocks(pl.from_arrow(to_table(rows)))
     assert out.get_column("sweep").to_list() == ["v", "w"]
     w_row = out.row(1, named=True)
@@ -359,19 +536,37 @@ def test_cells_do_not_depend_on_the_order_of_the_rows() -> None:
     assert queries.cells(rows).equals(queries.cells(shuffled))
 
 
-def _shape(kernel: str, s: int, d: int, dtype: str = "bf16", status: str = "ok", tflops: float = 100.0,
-           **kw: Any) -> dict[str, Any]:
-    return _row(kernel, s=s, head_dim=d, dtype=dtype, status=status, tflops=tflops,
-                cell_id=f"{kernel}/full/{s}/{d}/{dtype}", **kw)
+def _shape(
+    kernel: str, s: int, d: int, dtype: str = "bf16", status: str = "ok", tflops: float = 100.0, **kw: Any
+) -> dict[str, Any]:
+    return _row(
+        kernel,
+        s=s,
+        head_dim=d,
+        dtype=dtype,
+        status=status,
+        tflops=tflops,
+        cell_id=f"{kernel}/full/{s}/{d}/{dtype}",
+        **kw,
+    )
 
 
 def test_shape_study_is_taken_at_the_length_with_most_head_dims_and_dtypes() -> None:
-    c = _cells([_shape("a", 1024, 128), _shape("a", 1024, 64),  # two variants: sweeps that happen to meet
-                _shape("a", 4096, 128, tflops=300.0), _shape("a", 4096, 64, tflops=200.0),
-                _shape("a", 4096, 256, tflops=350.0), _shape("a", 4096, 128, "fp16", tflops=310.0),
-                _shape("b", 4096, 128, tflops=250.0), _shape("b", 4096, 64, tflops=150.0),
-                _shape("b", 4096, 256, status="unsupported"),
-                _shape("c", 4096, 128), _shape("c", 4096, 64, status="oom")])  # one ok variant: nothing to compare
+    c = _cells(
+        [
+            _shape("a", 1024, 128),
+            _shape("a", 1024, 64),  # two variants: sweeps that happen to meet
+            _shape("a", 4096, 128, tflops=300.0),
+            _shape("a", 4096, 64, tflops=200.0),
+            _shape("a", 4096, 256, tflops=350.0),
+            _shape("a", 4096, 128, "fp16", tflops=310.0),
+            _shape("b", 4096, 128, tflops=250.0),
+            _shape("b", 4096, 64, tflops=150.0),
+            _shape("b", 4096, 256, status="unsupported"),
+            _shape("c", 4096, 128),
+            _shape("c", 4096, 64, status="oom"),
+        ]
+    )  # one ok variant: nothing to compare
     study = queries.shape_study(c)
     assert set(study.get_column("seqlen_q")) == {4096}
     assert sorted(study.get_column("kernel").unique()) == ["a", "b"]
@@ -391,9 +586,17 @@ def test_shape_study_of_rows_with_one_head_dim_is_empty() -> None:
 
 
 def test_length_charts_leave_a_kernels_lone_shapes_to_the_study() -> None:
-    c = _cells([_shape("a", 1024, 128), _shape("a", 4096, 128), _shape("a", 4096, 64),  # a: line + lone D=64
-                _shape("b", 4096, 64),  # b: only one shape at one length: its only point, kept
-                _shape("c", 1024, 64), _shape("c", 4096, 64), _shape("c", 4096, 256)])
+    c = _cells(
+        [
+            _shape("a", 1024, 128),
+            _shape("a", 4096, 128),
+            _shape("a", 4096, 64),  # a: line + lone D=64
+            _shape("b", 4096, 64),  # b: only one shape at one length: its only point, kept
+            _shape("c", 1024, 64),
+            _shape("c", 4096, 64),
+            _shape("c", 4096, 256),
+        ]
+    )
     drawn, studied = queries.for_length_charts(queries.mask_cells(c))
     assert sorted(zip(studied.get_column("kernel"), studied.get_column("head_dim"))) == [("a", 64), ("c", 256)]
     assert drawn.height + studied.height == 7
@@ -402,9 +605,13 @@ def test_length_charts_leave_a_kernels_lone_shapes_to_the_study() -> None:
 
 def test_shape_study_pairs_a_sampled_mask_only_at_the_same_number_of_draws() -> None:
     # one sweep drew 3 documents layouts, another 1: their medians are over different masks
-    c = _cells([_shape("a", 4096, 128, mask="causal_document", mask_samples=3),
-                _shape("a", 4096, 64, mask="causal_document", mask_samples=1),
-                _shape("a", 4096, 256, mask="causal_document", mask_samples=3)])
+    c = _cells(
+        [
+            _shape("a", 4096, 128, mask="causal_document", mask_samples=3),
+            _shape("a", 4096, 64, mask="causal_document", mask_samples=1),
+            _shape("a", 4096, 256, mask="causal_document", mask_samples=3),
+        ]
+    )
     study = queries.shape_study(c)
     assert sorted(study.get_column("head_dim")) == [128, 256]
     table, variants = queries.shape_table(study)

@@ -9,9 +9,17 @@ from longca.spec.cells import expand
 from longca.spec.load import load_spec
 
 
-def spec(kernels, masks="[full, causal]", extra="", passes="[bwd]", dtypes="[float32]",
-         repeat="warmup: 1, iters: 3, min_iters: 1, budget_s: 0.2, l2_flush: false", check="max_seqlen: 256"):
-    return load_spec(text=f"""
+def spec(
+    kernels,
+    masks="[full, causal]",
+    extra="",
+    passes="[bwd]",
+    dtypes="[float32]",
+    repeat="warmup: 1, iters: 3, min_iters: 1, budget_s: 0.2, l2_flush: false",
+    check="max_seqlen: 256",
+):
+    return load_spec(
+        text=f"""
 name: t
 device: cpu
 repeat: {{{repeat}}}
@@ -26,7 +34,8 @@ dtypes: {dtypes}
 passes: {passes}
 {extra}
 sweeps: [{{name: s}}]
-""")
+"""
+    )
 
 
 def test_naive_and_sdpa_rows_are_ok_and_checked():
@@ -73,6 +82,7 @@ def test_impossible_speed_is_an_error(plugin_env):
     s = spec("[test_too_fast]", masks="[full]")
     cell = expand(s)[0]
     import dataclasses
+
     cell = dataclasses.replace(cell, seqlen=2048, heads_q=16, heads_kv=16, head_dim=128, pass_="fwd")
     (row,) = run_cell(cell)
     assert row["status"] == "error", row
@@ -94,14 +104,14 @@ def test_block_sparse_cells_record_their_blocks():
     assert row["mask_area"] == 18 * 32 * 32 and row["density"] == 0.5
 
 
-
 def test_backward_refused_at_run_time_is_unsupported_and_forward_still_runs(monkeypatch):
     # A kernel may refuse its backward for what is installed (fla on Hopper with Triton < 3.7.1):
     # the backward cell becomes `unsupported` with the reason, the forward cell is measured.
     from longca.kernels import registry
 
-    monkeypatch.setattr(registry.get("naive"), "backward_refusal",
-                        lambda device: "this Triton computes wrong gradients", raising=False)
+    monkeypatch.setattr(
+        registry.get("naive"), "backward_refusal", lambda device: "this Triton computes wrong gradients", raising=False
+    )
     (row,) = run_cell(expand(spec("[naive]", masks="[causal]"))[0])
     assert row["status"] == "unsupported" and row["reason"] == "this Triton computes wrong gradients"
     (row,) = run_cell(expand(spec("[naive]", masks="[causal]", passes="[fwd]"))[0])
@@ -160,12 +170,17 @@ def test_backward_on_a_retained_graph_runs_one_forward(kernel, monkeypatch):
 
     monkeypatch.setattr(adapter, "prepare", prepare)
     iters = "warmup: 2, iters: 4, min_iters: 4, budget_s: 100.0, l2_flush: false"
-    for backward, timer_forwards, timer in (("fresh_forward", 2 + 4, "cpu_monotonic"),
-                                            ("retained_graph", 1, "cpu_monotonic+retained_graph")):
+    for backward, timer_forwards, timer in (
+        ("fresh_forward", 2 + 4, "cpu_monotonic"),
+        ("retained_graph", 1, "cpu_monotonic+retained_graph"),
+    ):
         forwards.clear()
         # no check: every forward counted is the timer's
-        (row,) = run_cell(expand(spec(f"[{kernel}]", masks="[causal]", check="enabled: false",
-                                      repeat=f"{iters}, backward: {backward}"))[0])
+        (row,) = run_cell(
+            expand(
+                spec(f"[{kernel}]", masks="[causal]", check="enabled: false", repeat=f"{iters}, backward: {backward}")
+            )[0]
+        )
         assert row["status"] == "ok" and row["timer"] == timer
         assert (row["warmup_iters"], row["timed_iters"], len(forwards)) == (2, 4, timer_forwards)
     (row,) = run_cell(expand(spec(f"[{kernel}]", masks="[causal]", repeat=f"{iters}, backward: retained_graph"))[0])
@@ -259,7 +274,7 @@ def test_a_kernel_with_a_forward_only_form_is_prepared_and_checked_per_pass(monk
     assert f.get("rel_err_dq") is None and b["rel_err_dq"] < 1e-5
     # check and timed samples of the backward cell with gradients, then those of the forward cell without
     assert grads_asked[0] is True and grads_asked[-1] is False
-    assert set(grads_asked[:len(grads_asked) // 2]) == {True} and set(grads_asked[len(grads_asked) // 2:]) == {False}
+    assert set(grads_asked[: len(grads_asked) // 2]) == {True} and set(grads_asked[len(grads_asked) // 2 :]) == {False}
 
 
 def test_the_next_cell_of_the_same_problem_reuses_its_mask(monkeypatch):
@@ -315,8 +330,12 @@ class _UpcastFp8:
         from longca.kernels.adapters.naive import NaiveAttention
         from longca.kernels.base import Capabilities
 
-        self.caps = Capabilities(mask_forms=frozenset({"full", "dense"}), dtypes=frozenset({"float8_e4m3fn"}),
-                                 devices=frozenset({"cpu"}), backward_dtypes=frozenset())
+        self.caps = Capabilities(
+            mask_forms=frozenset({"full", "dense"}),
+            dtypes=frozenset({"float8_e4m3fn"}),
+            devices=frozenset({"cpu"}),
+            backward_dtypes=frozenset(),
+        )
         self._naive = NaiveAttention()
 
     def prepare(self, mask, **kw):
@@ -326,8 +345,11 @@ class _UpcastFp8:
 
         assert kw["dtype"] == torch.float8_e4m3fn
         good = self._naive.prepare(mask, **{**kw, "dtype": torch.float32})
-        return Prepared(call=lambda q, k, v: good.call(q.float(), k.float(), v.float()), layout=self.layout,
-                        info={"backend": "test"})
+        return Prepared(
+            call=lambda q, k, v: good.call(q.float(), k.float(), v.float()),
+            layout=self.layout,
+            info={"backend": "test"},
+        )
 
 
 @pytest.fixture
@@ -368,7 +390,7 @@ def test_fp8_inputs_are_unscaled_normal_draws_rounded_to_e4m3():
     cell = expand(spec("[naive]", passes="[fwd]"))[0]
     q, k, v, do = _make_inputs(cell, 192, "bhsd", torch.device("cpu"), torch.float8_e4m3fn, 7, False)
     assert {x.dtype for x in (q, k, v, do)} == {torch.float8_e4m3fn}
-    (q32, *_), = [_make_inputs(cell, 192, "bhsd", torch.device("cpu"), torch.float32, 7, False)]
+    ((q32, *_),) = [_make_inputs(cell, 192, "bhsd", torch.device("cpu"), torch.float32, 7, False)]
     assert torch.equal(q.float(), q32.to(torch.float8_e4m3fn).float())  # the same draws, rounded
     assert 0.9 < q.float().std() < 1.1 and not q.requires_grad
 

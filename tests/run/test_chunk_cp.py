@@ -92,8 +92,9 @@ def test_stopped_chunk_streams_the_group_log_and_leaves_no_rank(tmp_path, plugin
     spec, cells, outputs = _chunk(tmp_path, 120)
     env = dict(os.environ, LONGCA_TEST_PID_DIR=str(pid_dir))
     # ready once both ranks are inside the hanging cell
-    code, err = stopped_chunk(spec, outputs[:2], tmp_path / "results", lambda: len(list(pid_dir.iterdir())) == 2,
-                              env=env, ready_s=60)
+    code, err = stopped_chunk(
+        spec, outputs[:2], tmp_path / "results", lambda: len(list(pid_dir.iterdir())) == 2, env=env, ready_s=60
+    )
     assert code == 128 + signal.SIGTERM
     assert f"[cp] {cells['naive-64'].digest}: ok" in err  # the group's log, though the group never ended
     assert "faulty_kernels.py" in err  # and where its ranks were when stopped
@@ -105,8 +106,10 @@ def test_cp_cells_wider_than_the_host_are_unsupported_rows(tmp_path, monkeypatch
     import longca.run.chunk as chunk
 
     path = tmp_path / "wide.yaml"
-    path.write_text(SPEC.split("sweeps:")[0].replace("device: cpu", "device: cuda") + "sweeps:\n"
-                    "  - {name: wide, kernels: [naive], seqlens: [64], cp: {mechanisms: [ring_p2p], world_sizes: [4]}}\n")
+    path.write_text(
+        SPEC.split("sweeps:")[0].replace("device: cpu", "device: cuda") + "sweeps:\n"
+        "  - {name: wide, kernels: [naive], seqlens: [64], cp: {mechanisms: [ring_p2p], world_sizes: [4]}}\n"
+    )
     (cell,) = expand(load_spec(path))
     monkeypatch.setattr(chunk, "gpu_count", lambda: 2)
     monkeypatch.setattr(chunk, "run_cp_cells", lambda *a, **k: (_ for _ in ()).throw(AssertionError("started")))

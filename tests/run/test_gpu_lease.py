@@ -65,9 +65,11 @@ def _lease(folder: Path, n: int, count: int) -> list[str]:
 
 
 def test_a_killed_holder_frees_its_gpu(tmp_path: Path) -> None:
-    code = ("import os, time; from pathlib import Path; from longca.run.gpu_lease import lease_gpus\n"
-            f"with lease_gpus(1, lock_dir=Path({str(tmp_path)!r}), gpus=['0']):\n"
-            "    print('held', flush=True); time.sleep(60)\n")
+    code = (
+        "import os, time; from pathlib import Path; from longca.run.gpu_lease import lease_gpus\n"
+        f"with lease_gpus(1, lock_dir=Path({str(tmp_path)!r}), gpus=['0']):\n"
+        "    print('held', flush=True); time.sleep(60)\n"
+    )
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
     assert proc.stdout.readline().strip() == "held"

@@ -24,8 +24,13 @@ from .cp_cells import cp_cell
 CELLS = {
     "ok_ring": cp_cell(),
     "ok_ring_bwd": cp_cell(pass_="bwd"),
-    "ok_usp_fwd": cp_cell(cp_mechanism="usp", cp_degrees=(("ulysses", 2), ("ring", 1)), mask="causal_document",
-                          cp_balance="document", pass_="fwd"),
+    "ok_usp_fwd": cp_cell(
+        cp_mechanism="usp",
+        cp_degrees=(("ulysses", 2), ("ring", 1)),
+        mask="causal_document",
+        cp_balance="document",
+        pass_="fwd",
+    ),
     "heads": cp_cell(cp_mechanism="ulysses", cp_degrees=(("ulysses", 2),), heads_q=3, heads_kv=1),
     "indivisible": cp_cell(seqlen=66),
     "wrong_kernel": cp_cell(kernel="off_by_one_percent"),

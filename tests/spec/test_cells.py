@@ -80,8 +80,10 @@ def test_hive_paths_match_columns(tmp_path):
         path = tmp_path / c.relpath()
         path.parent.mkdir(parents=True)
         pq.write_table(pa.table({"kernel": [c.kernel], "seqlen_q": [c.seqlen], "mask": [c.mask]}), path)
-    rows = duckdb.sql(f"SELECT kernel, seqlen_q, mask, dtype FROM read_parquet('{tmp_path}/**/*.parquet', "
-                      "hive_partitioning=true) ORDER BY ALL").fetchall()
+    rows = duckdb.sql(
+        f"SELECT kernel, seqlen_q, mask, dtype FROM read_parquet('{tmp_path}/**/*.parquet', "
+        "hive_partitioning=true) ORDER BY ALL"
+    ).fetchall()
     assert sorted(rows) == sorted((c.kernel, c.seqlen, c.mask, c.dtype) for c in cells)
 
 
@@ -93,7 +95,8 @@ def test_auto_balance_is_contiguous_without_a_ring():
     from longca.masks.registry import build_mask
     from longca.masks.slices import area
 
-    spec = load_spec(text="""
+    spec = load_spec(
+        text="""
 name: t
 device: cpu
 kernels: [naive]
@@ -106,7 +109,8 @@ passes: [fwd]
 sweeps:
   - name: cp
     cp: {mechanisms: [ulysses, ring_p2p, usp], world_sizes: [4]}
-""")
+"""
+    )
     got = {(c.cp_mechanism, dict(c.cp_degrees).get("ring", 1), c.mask): c.cp_balance for c in expand(spec)}
     assert got[("ulysses", 1, "causal")] == got[("ulysses", 1, "full_document")] == "contiguous"
     assert got[("usp", 1, "causal")] == "contiguous"  # usp with ulysses degree 4 = world: no ring
@@ -148,15 +152,13 @@ KNOWN_DIGESTS = {
     },
     "h200-cp.yaml": {
         "cp_goal/kernel=sdpa_cudnn/mask=full/mask_variant=default/seqlen_q=65536/heads_q=64/heads_kv=8/head_dim=128/"
-        "dtype=bfloat16/pass=fwd/batch=1/world_size=2/cp_mechanism=ring_p2p/cp_variant=ring2-contiguous":
-        "e21a85645ea82b07",
+        "dtype=bfloat16/pass=fwd/batch=1/world_size=2/cp_mechanism=ring_p2p/cp_variant=ring2-contiguous": "e21a85645ea82b07",
     },
     "default.yaml": {
         "dense/kernel=naive/mask=full/mask_variant=default/seqlen_q=256/heads_q=4/heads_kv=4/head_dim=32/"
         "dtype=float32/pass=fwd/batch=1": "f94ba51065d2b9bb",
         "cp/kernel=naive/mask=block_sparse/mask_variant=block-64_density-0.5/seqlen_q=256/heads_q=4/heads_kv=2/"
-        "head_dim=32/dtype=float32/pass=bwd/batch=1/world_size=2/cp_mechanism=ring_p2p/cp_variant=ring2-contiguous":
-        "c56f288c02c84314",
+        "head_dim=32/dtype=float32/pass=bwd/batch=1/world_size=2/cp_mechanism=ring_p2p/cp_variant=ring2-contiguous": "c56f288c02c84314",
     },
 }
 
@@ -178,9 +180,21 @@ def test_shipped_specs_keep_their_cell_digests():
 
 def test_h200_dense_sweep_runs_under_the_sweep_efficiency_protocol():
     dense = [c for c in expand(load_spec(ROOT / "specs" / "h200.yaml")) if c.sweep == "dense"]
-    assert {tuple(sorted(c.repeat)) for c in dense} == {tuple(sorted({
-        "warmup": 3, "warmup_s": 0.05, "iters": 1000, "min_iters": 10, "budget_s": 2.0, "l2_flush": True,
-        "backward": "retained_graph"}.items()))}
+    assert {tuple(sorted(c.repeat)) for c in dense} == {
+        tuple(
+            sorted(
+                {
+                    "warmup": 3,
+                    "warmup_s": 0.05,
+                    "iters": 1000,
+                    "min_iters": 10,
+                    "budget_s": 2.0,
+                    "l2_flush": True,
+                    "backward": "retained_graph",
+                }.items()
+            )
+        )
+    }
 
 
 @pytest.mark.parametrize("name", ["default.yaml", "h200.yaml", "h200-cp.yaml"])
@@ -197,8 +211,12 @@ def test_h200_shape_study_adds_head_dims_fp16_and_fp8_under_the_dense_protocol()
     dense_repeat = {c.repeat for c in cells if c.sweep == "dense"}
     shapes = [c for c in cells if c.sweep == "shapes"]
     assert {c.repeat for c in shapes} == dense_repeat
-    assert {(c.head_dim, c.dtype) for c in shapes} == {(64, "bfloat16"), (256, "bfloat16"), (128, "float16"),
-                                                       *((d, "float8_e4m3fn") for d in (64, 128, 256))}
+    assert {(c.head_dim, c.dtype) for c in shapes} == {
+        (64, "bfloat16"),
+        (256, "bfloat16"),
+        (128, "float16"),
+        *((d, "float8_e4m3fn") for d in (64, 128, 256)),
+    }
     assert {c.seqlen for c in shapes} == {4096, 16384} and {(c.heads_q, c.heads_kv) for c in shapes} == {(64, 8)}
     # the D=128 bf16 comparison point is the dense sweep's own cell, at both lengths
     for length in (4096, 16384):
@@ -230,6 +248,10 @@ def test_a_late_dtype_tolerance_joins_only_its_own_cells():
     assert {c.digest for c in before} == {c.digest for c in after if c.dtype != "float8_e4m3fn"}
     assert all(json.loads(c.check)["tolerance"]["float8_e4m3fn"] == LATE_TOLERANCES["float8_e4m3fn"] for c in fp8)
     assert not any("float8_e4m3fn" in json.loads(c.check)["tolerance"] for c in after if c.dtype != "float8_e4m3fn")
-    own = expand(load_spec(text=SPEC.replace("dtypes: [float32, bf16]", "dtypes: [fp8]")
-                           + "check: {tolerance: {float8_e4m3fn: 0.05}}\n"))
+    own = expand(
+        load_spec(
+            text=SPEC.replace("dtypes: [float32, bf16]", "dtypes: [fp8]")
+            + "check: {tolerance: {float8_e4m3fn: 0.05}}\n"
+        )
+    )
     assert {json.loads(c.check)["tolerance"]["float8_e4m3fn"] for c in own if c.dtype == "float8_e4m3fn"} == {0.05}

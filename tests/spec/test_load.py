@@ -54,8 +54,11 @@ BAD = [
     (spec_with(masks=[{"name": "sliding_window", "windw": 3}]), "sweeps.0.masks.0.windw", ["windw", "window"]),
     (spec_with(masks=[{"name": "sliding_window", "window": "big"}]), "sweeps.0.masks.0.window", ["big", "integer"]),
     (spec_with(masks=[{"name": "sliding_window", "window": -4}]), "sweeps.0.masks.0.window", ["-4", "allowed", ">= 0"]),
-    (spec_with(masks=[{"name": "full_document", "distribution": "zipf"}]), "sweeps.0.masks.0.distribution",
-     ["zipf", "allowed"]),
+    (
+        spec_with(masks=[{"name": "full_document", "distribution": "zipf"}]),
+        "sweeps.0.masks.0.distribution",
+        ["zipf", "allowed"],
+    ),
     (spec_with(seqlens=[-5]), "seqlens.0", ["-5"]),
     (spec_with(seqlens=["12Q"]), "seqlens.0", ["12Q"]),
     (spec_with(seqlens=[]), "seqlens", ["non-empty", ""]),
@@ -66,8 +69,11 @@ BAD = [
     (spec_with(head_dims=[33]), "sweeps.0.head_dims.0", ["33", "multiples of 8"]),
     (spec_with(head_dims=["128"]), "head_dims.0", ["128"]),
     (spec_with(dtypes=["float8"]), "dtypes.0", ["float8", "allowed", "bfloat16", "float8_e4m3fn"]),
-    (spec_with(dtypes=["fp8"], sweep_cp={"mechanisms": ["ring_p2p"], "world_sizes": [2]}), "sweeps.0.dtypes.0",
-     ["float8_e4m3fn", "context-parallel", "allowed", "bfloat16"]),
+    (
+        spec_with(dtypes=["fp8"], sweep_cp={"mechanisms": ["ring_p2p"], "world_sizes": [2]}),
+        "sweeps.0.dtypes.0",
+        ["float8_e4m3fn", "context-parallel", "allowed", "bfloat16"],
+    ),
     (spec_with(passes=["forward"]), "passes.0", ["forward", "allowed", "fwd"]),
     (spec_with(device="tpu"), "device", ["tpu", "allowed", "cuda"]),
     (spec_with(batch=[0]), "batch.0", ["0"]),
@@ -82,36 +88,76 @@ BAD = [
     (spec_with(repeat={"cooldown_s": -1}), "repeat.cooldown_s", ["-1", "minimum"]),
     (spec_with(repeat={"cooldown_s": "2s"}), "repeat.cooldown_s", ["2s", "number"]),
     (spec_with(repeat={"backward": "retain"}), "repeat.backward", ["retain", "allowed", "retained_graph"]),
-    (spec_with(repeat={"backward": "fresh_forward"}, sweep_cp={"mechanisms": ["ring_p2p"], "world_sizes": [2]}),
-     "sweeps.0.repeat.backward", ["fresh_forward", "retained_graph"]),
+    (
+        spec_with(repeat={"backward": "fresh_forward"}, sweep_cp={"mechanisms": ["ring_p2p"], "world_sizes": [2]}),
+        "sweeps.0.repeat.backward",
+        ["fresh_forward", "retained_graph"],
+    ),
     (spec_with(sweep_exclude=[{"kernel": "nave"}]), "sweeps.0.exclude.0.kernel", ["nave", "allowed", "naive"]),
     (spec_with(sweep_exclude=[{"colour": "red"}]), "sweeps.0.exclude.0", ["colour"]),
-    (spec_with(sweep_cp={"mechanisms": ["ring"], "world_sizes": [2]}), "sweeps.0.cp.mechanisms.0",
-     ["ring", "allowed", "ring_p2p"]),
+    (
+        spec_with(sweep_cp={"mechanisms": ["ring"], "world_sizes": [2]}),
+        "sweeps.0.cp.mechanisms.0",
+        ["ring", "allowed", "ring_p2p"],
+    ),
     (spec_with(sweep_cp={"mechanisms": ["ring_p2p"], "world_sizes": [1]}), "sweeps.0.cp.world_sizes.0", ["at least 2"]),
-    (spec_with(sweep_cp={"mechanisms": ["ring_p2p"], "world_sizes": [2], "backend": "nccl"}),
-     "sweeps.0.cp.backend", ["nccl", "cuda"]),
-    (spec_with(seqlens=[250], sweep_cp={"mechanisms": ["ulysses"], "world_sizes": [4]}), "sweeps.0.seqlens.0",
-     ["250", "divisible"]),
-    (spec_with(sweep_cp={"mechanisms": ["usp"], "world_sizes": [2], "ulysses_degrees": [3]}),
-     "sweeps.0.cp.ulysses_degrees.0", ["3"]),
+    (
+        spec_with(sweep_cp={"mechanisms": ["ring_p2p"], "world_sizes": [2], "backend": "nccl"}),
+        "sweeps.0.cp.backend",
+        ["nccl", "cuda"],
+    ),
+    (
+        spec_with(seqlens=[250], sweep_cp={"mechanisms": ["ulysses"], "world_sizes": [4]}),
+        "sweeps.0.seqlens.0",
+        ["250", "divisible"],
+    ),
+    (
+        spec_with(sweep_cp={"mechanisms": ["usp"], "world_sizes": [2], "ulysses_degrees": [3]}),
+        "sweeps.0.cp.ulysses_degrees.0",
+        ["3"],
+    ),
     # context parallelism: what can only fail is refused before any process starts (one case per rule)
-    (spec_with(seqlens=[384], heads=["4:2"], sweep_cp={"mechanisms": ["ulysses"], "world_sizes": [3]}),
-     "sweeps.0.heads.0", ["'4:2'", "ulysses", "world_size 3", "not divisible by the Ulysses degree 3", "allowed"]),
-    (spec_with(seqlens=[512], heads=["12:6"], sweep_cp={"mechanisms": ["ulysses"], "world_sizes": [4]}),
-     "sweeps.0.heads.0", ["'12:6'", "heads_kv=6 is not divisible by the Ulysses degree 4", "allowed"]),
-    (spec_with(kernels=["fla_gla"], sweep_cp={"mechanisms": ["ring_p2p"], "world_sizes": [2]}), "sweeps.0.kernels.0",
-     ["fla_gla", "per-rank kernel", "allowed", "flex", "naive", "sdpa_cudnn"]),
-    (spec_with(seqlens=[258], masks=["causal"], sweep_cp={"mechanisms": ["ring_p2p"], "world_sizes": [2]}),
-     "sweeps.0.seqlens.0", ["258", "divisible by 4", "zigzag", "allowed: multiples of 4"]),
-    (spec_with(sweep_cp={"mechanisms": ["usp"], "world_sizes": [2, 3], "ulysses_degrees": [2]}),
-     "sweeps.0.cp.world_sizes.1", ["3", "usp", "no degree split", "allowed"]),
-    (spec_with(masks=[{"name": "block_sparse", "block": 64, "score": "importance"}],
-               sweep_cp={"mechanisms": ["ring_p2p"], "world_sizes": [2]}), "sweeps.0.masks.0.score",
-     ["importance", "allowed: 'random'"]),
-    (spec_with(masks=[{"name": "block_sparse", "block": 64}],
-               sweep_cp={"mechanisms": ["ring_p2p"], "world_sizes": [2], "balance": "document"}),
-     "sweeps.0.cp.balance", ["document", "block_sparse", "allowed"]),
+    (
+        spec_with(seqlens=[384], heads=["4:2"], sweep_cp={"mechanisms": ["ulysses"], "world_sizes": [3]}),
+        "sweeps.0.heads.0",
+        ["'4:2'", "ulysses", "world_size 3", "not divisible by the Ulysses degree 3", "allowed"],
+    ),
+    (
+        spec_with(seqlens=[512], heads=["12:6"], sweep_cp={"mechanisms": ["ulysses"], "world_sizes": [4]}),
+        "sweeps.0.heads.0",
+        ["'12:6'", "heads_kv=6 is not divisible by the Ulysses degree 4", "allowed"],
+    ),
+    (
+        spec_with(kernels=["fla_gla"], sweep_cp={"mechanisms": ["ring_p2p"], "world_sizes": [2]}),
+        "sweeps.0.kernels.0",
+        ["fla_gla", "per-rank kernel", "allowed", "flex", "naive", "sdpa_cudnn"],
+    ),
+    (
+        spec_with(seqlens=[258], masks=["causal"], sweep_cp={"mechanisms": ["ring_p2p"], "world_sizes": [2]}),
+        "sweeps.0.seqlens.0",
+        ["258", "divisible by 4", "zigzag", "allowed: multiples of 4"],
+    ),
+    (
+        spec_with(sweep_cp={"mechanisms": ["usp"], "world_sizes": [2, 3], "ulysses_degrees": [2]}),
+        "sweeps.0.cp.world_sizes.1",
+        ["3", "usp", "no degree split", "allowed"],
+    ),
+    (
+        spec_with(
+            masks=[{"name": "block_sparse", "block": 64, "score": "importance"}],
+            sweep_cp={"mechanisms": ["ring_p2p"], "world_sizes": [2]},
+        ),
+        "sweeps.0.masks.0.score",
+        ["importance", "allowed: 'random'"],
+    ),
+    (
+        spec_with(
+            masks=[{"name": "block_sparse", "block": 64}],
+            sweep_cp={"mechanisms": ["ring_p2p"], "world_sizes": [2], "balance": "document"},
+        ),
+        "sweeps.0.cp.balance",
+        ["document", "block_sparse", "allowed"],
+    ),
     (spec_with(kernels=["naive", "naive"]), "sweeps.0.kernels", ["twice"]),
     (spec_with(sweeps=[{"name": "a"}, {"name": "a"}]), "sweeps.1.name", ["duplicate"]),
     (spec_with(sweeps=[{"name": "bad name!"}]), "sweeps.0.name", ["bad name!"]),
@@ -138,9 +184,12 @@ def test_at_least_25_malformed_specs():
 
 def test_cp_rules_honour_excludes():
     # the ulysses cells a heads rule refuses are excluded: no cell can fail, so the spec is valid
-    text = spec_with(seqlens=[384], heads=["4:2", "6:3"], sweep_cp={"mechanisms": ["ulysses", "ring_p2p"],
-                                                                    "world_sizes": [3]},
-                     sweep_exclude=[{"cp_mechanism": "ulysses", "heads": "4:2"}])
+    text = spec_with(
+        seqlens=[384],
+        heads=["4:2", "6:3"],
+        sweep_cp={"mechanisms": ["ulysses", "ring_p2p"], "world_sizes": [3]},
+        sweep_exclude=[{"cp_mechanism": "ulysses", "heads": "4:2"}],
+    )
     assert load_spec(text=text).sweeps[0].cp["world_sizes"] == [3]
 
 

@@ -12,10 +12,28 @@ from longca.store.write import write_rows
 
 
 def _row(cell: str, sweep: str = "w", kernel: str = "naive", seqlen: int = 8, sample: int = 0) -> dict:
-    return {"spec": "s", "sweep": sweep, "cell_id": cell, "cell_digest": cell, "kernel": kernel, "mask": "full",
-            "mask_variant": "default", "pass": "fwd", "seqlen_q": seqlen, "seqlen_k": seqlen, "batch": 1,
-            "heads_q": 1, "heads_kv": 1, "head_dim": 8, "dtype": "float32", "world_size": 1, "status": "ok",
-            "median_ms": 1.0, "samples_ms": [1.0, 2.0], "mask_sample": sample}
+    return {
+        "spec": "s",
+        "sweep": sweep,
+        "cell_id": cell,
+        "cell_digest": cell,
+        "kernel": kernel,
+        "mask": "full",
+        "mask_variant": "default",
+        "pass": "fwd",
+        "seqlen_q": seqlen,
+        "seqlen_k": seqlen,
+        "batch": 1,
+        "heads_q": 1,
+        "heads_kv": 1,
+        "head_dim": 8,
+        "dtype": "float32",
+        "world_size": 1,
+        "status": "ok",
+        "median_ms": 1.0,
+        "samples_ms": [1.0, 2.0],
+        "mask_sample": sample,
+    }
 
 
 @pytest.fixture

@@ -9,10 +9,29 @@ from longca.store.write import write_rows
 
 
 def _row(cell: str, sample: int = 0, **kw) -> dict:
-    row = {"spec": "s", "sweep": "w", "cell_id": cell, "cell_digest": cell, "kernel": "naive", "mask": "full",
-           "mask_variant": "default", "pass": "fwd", "seqlen_q": 8, "seqlen_k": 8, "batch": 1, "heads_q": 1,
-           "heads_kv": 1, "head_dim": 8, "dtype": "float32", "world_size": 1, "status": "ok", "median_ms": 1.0,
-           "samples_ms": [1.0], "cell_wall_s": 1.0, "mask_sample": sample}
+    row = {
+        "spec": "s",
+        "sweep": "w",
+        "cell_id": cell,
+        "cell_digest": cell,
+        "kernel": "naive",
+        "mask": "full",
+        "mask_variant": "default",
+        "pass": "fwd",
+        "seqlen_q": 8,
+        "seqlen_k": 8,
+        "batch": 1,
+        "heads_q": 1,
+        "heads_kv": 1,
+        "head_dim": 8,
+        "dtype": "float32",
+        "world_size": 1,
+        "status": "ok",
+        "median_ms": 1.0,
+        "samples_ms": [1.0],
+        "cell_wall_s": 1.0,
+        "mask_sample": sample,
+    }
     row.update(kw)
     return row
 

@@ -19,10 +19,28 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _row(cell: str, **kw) -> dict:
-    row = {"spec": "s", "sweep": "w", "cell_id": cell, "cell_digest": cell, "kernel": "naive", "mask": "full",
-           "mask_variant": "default", "pass": "fwd", "seqlen_q": 8, "seqlen_k": 8, "batch": 1, "heads_q": 1,
-           "heads_kv": 1, "head_dim": 8, "dtype": "float32", "world_size": 1, "status": "ok", "median_ms": 1.0,
-           "samples_ms": [1.0, 1.0], "cell_wall_s": 1.0}
+    row = {
+        "spec": "s",
+        "sweep": "w",
+        "cell_id": cell,
+        "cell_digest": cell,
+        "kernel": "naive",
+        "mask": "full",
+        "mask_variant": "default",
+        "pass": "fwd",
+        "seqlen_q": 8,
+        "seqlen_k": 8,
+        "batch": 1,
+        "heads_q": 1,
+        "heads_kv": 1,
+        "head_dim": 8,
+        "dtype": "float32",
+        "world_size": 1,
+        "status": "ok",
+        "median_ms": 1.0,
+        "samples_ms": [1.0, 1.0],
+        "cell_wall_s": 1.0,
+    }
     row.update(kw)
     return row
 
@@ -31,8 +49,10 @@ def _write_old(path: Path, rows: list[dict], version: int) -> None:
     """A file as schema `version` wrote it: without the columns later versions added."""
     later = {c for v, cols in ADDED.items() if v > version for c in cols}
     old = pa.schema([f for f in SCHEMA if f.name not in later])
-    cols = {f.name: pa.array([(version if f.name == "schema_version" else r.get(f.name)) for r in rows], type=f.type)
-            for f in old}
+    cols = {
+        f.name: pa.array([(version if f.name == "schema_version" else r.get(f.name)) for r in rows], type=f.type)
+        for f in old
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.table(cols, schema=old), path)
 
@@ -56,7 +76,10 @@ def test_aggregating_old_and_new_files_keeps_both(mixed: list[str], tmp_path: Pa
     assert union(mixed, out) == 3
     rows = _by_cell(pq.read_table(out))
     assert (rows["a"]["schema_version"], rows["c"]["schema_version"], rows["b"]["schema_version"]) == (
-        1, 2, SCHEMA_VERSION)
+        1,
+        2,
+        SCHEMA_VERSION,
+    )
     assert SCHEMA_VERSION == 3
     assert [rows["a"][c] for c in NEW_IN_2 + NEW_IN_3] == [None, None, None, None]
     assert [rows["c"][c] for c in NEW_IN_2 + NEW_IN_3] == [0.5, 1.0, 0.25, None]

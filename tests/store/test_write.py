@@ -5,9 +5,23 @@ from longca.store.read import damage
 from longca.store.schema import COLUMNS, REQUIRED, SCHEMA_VERSION, to_table
 from longca.store.write import write_rows
 
-ROW = {"kernel": "naive", "mask": "full", "pass": "fwd", "seqlen_q": 8, "seqlen_k": 8, "batch": 1, "heads_q": 1,
-       "heads_kv": 1, "head_dim": 8, "dtype": "float32", "world_size": 1, "status": "ok", "median_ms": 1.0,
-       "samples_ms": [1.0, 1.1], "mask_params": {"window": 3}}
+ROW = {
+    "kernel": "naive",
+    "mask": "full",
+    "pass": "fwd",
+    "seqlen_q": 8,
+    "seqlen_k": 8,
+    "batch": 1,
+    "heads_q": 1,
+    "heads_kv": 1,
+    "head_dim": 8,
+    "dtype": "float32",
+    "world_size": 1,
+    "status": "ok",
+    "median_ms": 1.0,
+    "samples_ms": [1.0, 1.1],
+    "mask_params": {"window": 3},
+}
 
 
 def test_contract_columns_present():
@@ -68,7 +82,9 @@ def test_files_respect_the_umask(tmp_path):
 
     for umask, mode in ((0o022, 0o644), (0o077, 0o600), (0o002, 0o664)):
         path = tmp_path / f"cell-{umask:o}.parquet"
-        code = ("import os; os.umask(%d); from longca.store.write import write_rows; "
-                "write_rows(%r, [{'kernel': 'k', 'mask': 'full', 'status': 'ok'}])" % (umask, str(path)))
+        code = (
+            f"import os; os.umask({umask}); from longca.store.write import write_rows; "
+            f"write_rows({str(path)!r}, [{{'kernel': 'k', 'mask': 'full', 'status': 'ok'}}])"
+        )
         subprocess.run([sys.executable, "-c", code], check=True)
         assert stat.S_IMODE(path.stat().st_mode) == mode, (oct(umask), oct(path.stat().st_mode))

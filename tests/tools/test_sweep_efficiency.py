@@ -38,10 +38,12 @@ sweeps:
 
 
 def test_process_walls_match_the_sweep_argument_exactly() -> None:
-    lines = ["process wall 10.5 s: --spec specs/h200.yaml --sweep dense --shard 0/2",
-             "process wall 3.0 s: --spec specs/h200.yaml --sweep dense_baselines",  # another sweep
-             "[longca] chunk done: 3 cells in 9.0 s",
-             "  process wall 2.0 s: --sweep dense --only kernel=fa4"]
+    lines = [
+        "process wall 10.5 s: --spec specs/h200.yaml --sweep dense --shard 0/2",
+        "process wall 3.0 s: --spec specs/h200.yaml --sweep dense_baselines",  # another sweep
+        "[longca] chunk done: 3 cells in 9.0 s",
+        "  process wall 2.0 s: --sweep dense --only kernel=fa4",
+    ]
     assert se.process_walls(lines, "dense") == [10.5, 2.0]
     assert se.process_walls(lines, "dense_baselines") == [3.0]
     assert se.process_walls(lines, "long") == []
@@ -60,16 +62,33 @@ def test_main_counts_only_the_current_cells_of_the_sweep(tmp_path: Path, capsys:
     (tmp_path / "tiny.yaml").write_text(SPEC)
     cells = [c for c in expand(load_spec(tmp_path / "tiny.yaml")) if c.sweep == "dense"]
     assert len(cells) == 2
-    rows = pl.DataFrame({
-        "cell_digest": [cells[0].digest, cells[0].digest, "superseded0", "baselines1"],
-        "samples_ms": [[1000.0, 500.0], [1500.0], [9000.0], [7000.0]],  # 3 s of the current cell's samples
-    })
+    rows = pl.DataFrame(
+        {
+            "cell_digest": [cells[0].digest, cells[0].digest, "superseded0", "baselines1"],
+            "samples_ms": [[1000.0, 500.0], [1500.0], [9000.0], [7000.0]],  # 3 s of the current cell's samples
+        }
+    )
     rows.write_parquet(tmp_path / "all.parquet")
-    (tmp_path / "run.log").write_text("process wall 4.0 s: --spec tiny.yaml --sweep dense\n"
-                                      "process wall 2.0 s: --spec tiny.yaml --sweep dense\n"
-                                      "process wall 50.0 s: --spec tiny.yaml --sweep dense_baselines\n")
-    assert se.main(["--spec", str(tmp_path / "tiny.yaml"), "--sweep", "dense", "--rows", str(tmp_path / "all.parquet"),
-                    "--logs", str(tmp_path / "run.log")]) == 0
+    (tmp_path / "run.log").write_text(
+        "process wall 4.0 s: --spec tiny.yaml --sweep dense\n"
+        "process wall 2.0 s: --spec tiny.yaml --sweep dense\n"
+        "process wall 50.0 s: --spec tiny.yaml --sweep dense_baselines\n"
+    )
+    assert (
+        se.main(
+            [
+                "--spec",
+                str(tmp_path / "tiny.yaml"),
+                "--sweep",
+                "dense",
+                "--rows",
+                str(tmp_path / "all.parquet"),
+                "--logs",
+                str(tmp_path / "run.log"),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "1 of 2 cells have rows" in out and "2 processes, 6.0 s of process wall; 3.0 s timed" in out
     assert "timed / process wall = 0.500" in out and "1 cells still missing" in out

@@ -28,7 +28,9 @@ def test_the_default_protocol_is_the_fixed_one_of_the_earlier_checks() -> None:
 
 
 def test_an_unknown_sweep_names_the_allowed_ones() -> None:
-    with pytest.raises(SystemExit, match=r"--sweep 'dens': no such sweep in 'h200'; allowed: dense, dense_baselines, linear"):
+    with pytest.raises(
+        SystemExit, match=r"--sweep 'dens': no such sweep in 'h200'; allowed: dense, dense_baselines, linear"
+    ):
         tf.sweep_protocol(str(ROOT / "specs" / "h200.yaml"), "dens")
 
 

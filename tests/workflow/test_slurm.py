@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-
 from wf import ROOT, copy_workflow, jobs_run
 
 # Far above the measured times (docs/slurm-ci.md): a hang fails the test instead of stalling CI.
@@ -103,8 +102,9 @@ def _jobs(ws: Path, fields: str = "%T|%k") -> dict[str, list[str]]:
     state and comment, where the plugin writes `rule_<rule name>`). squeue shows finished jobs
     for MinJobAge seconds (an hour on the CI cluster)."""
     n = fields.count("|") + 1
-    out = subprocess.run(["squeue", "-h", "-t", "all", "-o", f"%i|%Z|{fields}"],
-                         capture_output=True, text=True, timeout=15, check=True).stdout
+    out = subprocess.run(
+        ["squeue", "-h", "-t", "all", "-o", f"%i|%Z|{fields}"], capture_output=True, text=True, timeout=15, check=True
+    ).stdout
     jobs = {}
     for line in out.splitlines():
         jid, workdir, *rest = (line.split("|", n + 1) + [""] * (n + 1))[: n + 2]
@@ -121,8 +121,20 @@ def _cancel_leftovers(ws: Path) -> None:
 
 
 def _cmd(spec: str, *extra: str) -> list[str]:
-    return ["timeout", "-s", "KILL", str(LIMIT_S), sys.executable, "-m", "snakemake",
-            "--profile", "profiles/slurm", "--config", f"spec={spec}", *extra]
+    return [
+        "timeout",
+        "-s",
+        "KILL",
+        str(LIMIT_S),
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--profile",
+        "profiles/slurm",
+        "--config",
+        f"spec={spec}",
+        *extra,
+    ]
 
 
 def _watch(ws: Path, proc: subprocess.Popen) -> None:
@@ -134,8 +146,10 @@ def _watch(ws: Path, proc: subprocess.Popen) -> None:
             proc.wait()
             _cancel_leftovers(ws)
             info = subprocess.run(["sinfo", "-h", "-o", "%c CPUs, %m MB"], capture_output=True, text=True).stdout
-            pytest.fail(f"SLURM job {jid} ({comment}) can never start: it asks for {cpus} CPUs (or more "
-                        f"memory or time than the partition allows); the node has {info.strip()}")
+            pytest.fail(
+                f"SLURM job {jid} ({comment}) can never start: it asks for {cpus} CPUs (or more "
+                f"memory or time than the partition allows); the node has {info.strip()}"
+            )
 
 
 def _run(ws: Path, cmd: list[str], log_path: Path) -> subprocess.CompletedProcess:
@@ -168,8 +182,10 @@ def _rows(ws: Path, spec: str):
 
 
 def _keys(table) -> Counter:
-    return Counter((r["cell_id"], r["mask_sample"], r["status"])
-                   for r in table.select(["cell_id", "mask_sample", "status"]).to_pylist())
+    return Counter(
+        (r["cell_id"], r["mask_sample"], r["status"])
+        for r in table.select(["cell_id", "mask_sample", "status"]).to_pylist()
+    )
 
 
 def _no_duplicates(table) -> None:
@@ -182,9 +198,25 @@ def test_default_spec_through_slurm_matches_a_local_run(slurm, tmp_path):
     remote = _workspace(tmp_path / "slurm")
     # The local reference runs alongside, overlapping the SLURM run's start-up and polling waits.
     with open(tmp_path / "local.log", "w") as log:
-        ref = subprocess.Popen(["timeout", "-s", "KILL", str(LIMIT_S), sys.executable, "-m", "snakemake",
-                                "--cores", "2", "--config", "spec=specs/default.yaml"],
-                               cwd=local, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        ref = subprocess.Popen(
+            [
+                "timeout",
+                "-s",
+                "KILL",
+                str(LIMIT_S),
+                sys.executable,
+                "-m",
+                "snakemake",
+                "--cores",
+                "2",
+                "--config",
+                "spec=specs/default.yaml",
+            ],
+            cwd=local,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             t0 = time.monotonic()
             proc = _run(remote, _cmd("specs/default.yaml"), tmp_path / "slurm.log")
@@ -233,14 +265,18 @@ def test_cancelled_job_then_rerun_completes_only_what_is_missing(slurm, tmp_path
     ws = _workspace(tmp_path / "slurm", cancel=CANCEL_SPEC)
     log_path = tmp_path / "first.log"
     with open(log_path, "w") as log:
-        first = subprocess.Popen(_cmd("specs/cancel.yaml"), cwd=ws, stdout=log, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
+        first = subprocess.Popen(
+            _cmd("specs/cancel.yaml"), cwd=ws, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             victim = None
             deadline = time.monotonic() + 240
             while victim is None and time.monotonic() < deadline and first.poll() is None:
-                running = [(jid, c) for jid, (state, c) in _jobs(ws).items()
-                           if state == "RUNNING" and c.startswith("rule_cells_")]
+                running = [
+                    (jid, c)
+                    for jid, (state, c) in _jobs(ws).items()
+                    if state == "RUNNING" and c.startswith("rule_cells_")
+                ]
                 victim = running[0] if running else None
                 time.sleep(0.5)
             assert victim, "no cell job was seen RUNNING:\n" + log_path.read_text()[-4000:]
@@ -302,8 +338,9 @@ def test_cuda_cell_jobs_ask_slurm_for_one_gpu_per_process(slurm, tmp_path):
     ws = _workspace(tmp_path / "slurm", gpu=GPU_SPEC)
     log_path = tmp_path / "gpu.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(_cmd("specs/gpu.yaml"), cwd=ws, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            _cmd("specs/gpu.yaml"), cwd=ws, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             while proc.poll() is None and not _jobs(ws):
                 time.sleep(1)

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import duckdb
 import pyarrow.parquet as pq
-
 from wf import jobs_run, snakemake
 
 TINY = """
@@ -88,8 +87,9 @@ def test_damaged_result_is_named_and_rerun(workdir):
 def test_sigkill_mid_sweep_then_resume_exactly_once(workdir):
     spec = write_spec(workdir, seqlens="[64, 128, 192]", chunk=4)
     cmd = [sys.executable, "-m", "snakemake", "--cores", "1", "--config", f"spec={spec}"]
-    proc = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     deadline = time.time() + 300
     while time.time() < deadline and len(cell_files(workdir)) < 8:
         time.sleep(0.2)
@@ -105,7 +105,10 @@ def test_sigkill_mid_sweep_then_resume_exactly_once(workdir):
     snakemake(workdir, spec)
     files = cell_files(workdir)
     assert len(files) == 54
-    ids = duckdb.sql(f"SELECT cell_id, mask_sample, count(*) n FROM '{workdir}/results/tiny/all.parquet' "
-                     "GROUP BY ALL HAVING n > 1").fetchall()
+    ids = duckdb.sql(
+        f"SELECT cell_id, mask_sample, count(*) n FROM '{workdir}/results/tiny/all.parquet' GROUP BY ALL HAVING n > 1"
+    ).fetchall()
     assert ids == [], "duplicate rows"
-    assert duckdb.sql(f"SELECT count(DISTINCT cell_id) FROM '{workdir}/results/tiny/all.parquet'").fetchall()[0][0] == 54
+    assert (
+        duckdb.sql(f"SELECT count(DISTINCT cell_id) FROM '{workdir}/results/tiny/all.parquet'").fetchall()[0][0] == 54
+    )

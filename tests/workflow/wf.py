@@ -23,8 +23,9 @@ def copy_workflow(dest: Path) -> Path:
 
 def snakemake(workdir: Path, spec: str, *extra: str, timeout: int = 600, check: bool = True):
     cmd = [sys.executable, "-m", "snakemake", "--cores", "2", "--config", f"spec={spec}", *extra]
-    proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.run(
+        cmd, cwd=workdir, capture_output=True, text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     return proc

@@ -66,8 +66,13 @@ def flash_mask_args(mask: Mask, form: str, batch: int = 1) -> FlashMaskArgs:
     if form == "varlen":
         vf = varlen_form(mask)
         cu = batched_cu_seqlens(vf.cu_seqlens, mask.seqlen_q, batch)
-        return FlashMaskArgs(form, causal=bool(vf.causal), window=(-1, 0) if vf.causal else (-1, -1),
-                             cu_seqlens=cu, max_seqlen=int(vf.max_seqlen))
+        return FlashMaskArgs(
+            form,
+            causal=bool(vf.causal),
+            window=(-1, 0) if vf.causal else (-1, -1),
+            cu_seqlens=cu,
+            max_seqlen=int(vf.max_seqlen),
+        )
     raise Unsupported(f"form {form!r} has no flash-attention arguments")
 
 
@@ -165,8 +170,7 @@ class FlashAdapter:
         except ImportError as exc:
             raise Unsupported(f"{package} not installed ({exc})") from None
 
-    def prepare(self, mask: Mask, *, batch: int, heads_q: int, heads_kv: int, head_dim: int, dtype, device,
-                form: str):
+    def prepare(self, mask: Mask, *, batch: int, heads_q: int, heads_kv: int, head_dim: int, dtype, device, form: str):
         import time
 
         import torch

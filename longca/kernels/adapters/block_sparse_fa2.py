@@ -43,8 +43,18 @@ class BlockSparseFA2:
         block_sizes=frozenset({BLOCK}),
     )
 
-    def prepare(self, mask: Mask, *, batch: int, heads_q: int, heads_kv: int, head_dim: int,
-                dtype: torch.dtype, device: torch.device, form: str) -> Prepared:
+    def prepare(
+        self,
+        mask: Mask,
+        *,
+        batch: int,
+        heads_q: int,
+        heads_kv: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        form: str,
+    ) -> Prepared:
         layout = block_layout(self, mask, form, heads_q, heads_kv)
         if mask.seqlen_k != mask.seqlen_q:
             raise Unsupported(f"self-attention only (S {mask.seqlen_q}x{mask.seqlen_k})")
@@ -67,10 +77,21 @@ class BlockSparseFA2:
         def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             if group > 1:
                 k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
-            out = block_sparse_attn_func(q.reshape(batch * s, heads_q, head_dim), k.reshape(batch * s, heads_q, head_dim),
-                                         v.reshape(batch * s, heads_q, head_dim), cu_seqlens, cu_seqlens,
-                                         head_mask_type, None, base_blockmask, s, s, 0.0,
-                                         softmax_scale=head_dim ** -0.5, is_causal=False)
+            out = block_sparse_attn_func(
+                q.reshape(batch * s, heads_q, head_dim),
+                k.reshape(batch * s, heads_q, head_dim),
+                v.reshape(batch * s, heads_q, head_dim),
+                cu_seqlens,
+                cu_seqlens,
+                head_mask_type,
+                None,
+                base_blockmask,
+                s,
+                s,
+                0.0,
+                softmax_scale=head_dim**-0.5,
+                is_causal=False,
+            )
             return out.reshape(batch, s, heads_q, head_dim)
 
         backend = "block_sparse_attn, block 128" + (f", K/V repeated x{group}" if group > 1 else "")

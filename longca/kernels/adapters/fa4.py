@@ -34,7 +34,7 @@ BLOCK = 128  # block sparsity grid (the sm90 forward tile for head dims <= 128)
 BLOCK_SPARSE_MAX_HEAD_DIM = 128
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def interval_mask_mod(layers: int):
     """CuTe mask_mod: aux_tensors[0] is the flat int32 table of longca's interval_table:
     query q attends key k iff table[2 (q L + j)] <= k < table[2 (q L + j) + 1] for some j < L."""
@@ -70,12 +70,20 @@ def block_sparse_tensors(mask: Mask, device):
     from longca.masks.flex import to_block_mask
 
     bm = to_block_mask(mask, block_size=BLOCK, device=device)
-    fwd = BlockSparseTensorsTorch(mask_block_cnt=bm.kv_num_blocks, mask_block_idx=bm.kv_indices,
-                                  full_block_cnt=bm.full_kv_num_blocks, full_block_idx=bm.full_kv_indices,
-                                  block_size=(BLOCK, BLOCK))
-    bwd = BlockSparseTensorsTorch(mask_block_cnt=bm.q_num_blocks, mask_block_idx=bm.q_indices,
-                                  full_block_cnt=bm.full_q_num_blocks, full_block_idx=bm.full_q_indices,
-                                  block_size=(BLOCK, BLOCK))
+    fwd = BlockSparseTensorsTorch(
+        mask_block_cnt=bm.kv_num_blocks,
+        mask_block_idx=bm.kv_indices,
+        full_block_cnt=bm.full_kv_num_blocks,
+        full_block_idx=bm.full_kv_indices,
+        block_size=(BLOCK, BLOCK),
+    )
+    bwd = BlockSparseTensorsTorch(
+        mask_block_cnt=bm.q_num_blocks,
+        mask_block_idx=bm.q_indices,
+        full_block_cnt=bm.full_q_num_blocks,
+        full_block_idx=bm.full_q_indices,
+        block_size=(BLOCK, BLOCK),
+    )
     return fwd, bwd, int(bm.kv_num_blocks.sum()), int(bm.full_kv_num_blocks.sum())
 
 
@@ -116,8 +124,9 @@ class FlashAttention4(FlashAdapter):
         m, causal = args.max_seqlen, args.causal
 
         def call(q, k, v):
-            return first_output(func(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=m, max_seqlen_k=m,
-                                     causal=causal))
+            return first_output(
+                func(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=m, max_seqlen_k=m, causal=causal)
+            )
 
         return call
 

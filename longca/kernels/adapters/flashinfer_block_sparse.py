@@ -44,8 +44,18 @@ class FlashInferBlockSparse:
         package="flashinfer",
     )
 
-    def prepare(self, mask: Mask, *, batch: int, heads_q: int, heads_kv: int, head_dim: int,
-                dtype: torch.dtype, device: torch.device, form: str) -> Prepared:
+    def prepare(
+        self,
+        mask: Mask,
+        *,
+        batch: int,
+        heads_q: int,
+        heads_kv: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        form: str,
+    ) -> Prepared:
         layout = block_layout(self, mask, form, heads_q, heads_kv)
         if batch != 1:
             raise Unsupported(f"the wrapper plans one sequence: batch 1 only, cell has {batch}")
@@ -60,11 +70,16 @@ class FlashInferBlockSparse:
         cols = np.diff(layout.k_bounds).astype(np.int32)
         workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         wrapper = flashinfer.sparse.VariableBlockSparseAttentionWrapper(workspace)
-        wrapper.plan(block_mask_map=torch.from_numpy(layout.kept),
-                     block_row_sz=torch.from_numpy(np.tile(rows, (heads_kv, 1))),
-                     block_col_sz=torch.from_numpy(np.tile(cols, (heads_kv, 1))),
-                     num_qo_heads=heads_q, num_kv_heads=heads_kv, head_dim=head_dim,
-                     q_data_type=dtype, kv_data_type=dtype)
+        wrapper.plan(
+            block_mask_map=torch.from_numpy(layout.kept),
+            block_row_sz=torch.from_numpy(np.tile(rows, (heads_kv, 1))),
+            block_col_sz=torch.from_numpy(np.tile(cols, (heads_kv, 1))),
+            num_qo_heads=heads_q,
+            num_kv_heads=heads_kv,
+            head_dim=head_dim,
+            q_data_type=dtype,
+            kv_data_type=dtype,
+        )
         sync(device)
         build_s = time.perf_counter() - t0
 
@@ -72,9 +87,13 @@ class FlashInferBlockSparse:
             return wrapper.run(q[0], k[0], v[0])[None]
 
         version = getattr(flashinfer, "__version__", "?")
-        return Prepared(call=call, layout=self.layout, build_s=build_s,
-                        info={"backend": f"flashinfer {version} VariableBlockSparseAttentionWrapper"},
-                        extra={"workspace": workspace})
+        return Prepared(
+            call=call,
+            layout=self.layout,
+            build_s=build_s,
+            info={"backend": f"flashinfer {version} VariableBlockSparseAttentionWrapper"},
+            extra={"workspace": workspace},
+        )
 
 
 register(FlashInferBlockSparse())

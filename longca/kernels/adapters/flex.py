@@ -55,8 +55,7 @@ def raise_recompile_limits() -> None:
     import torch._dynamo
 
     cfg = torch._dynamo.config
-    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
-                 "accumulated_cache_size_limit"):
+    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
         if hasattr(cfg, name):
             setattr(cfg, name, max(getattr(cfg, name), RECOMPILE_LIMIT))
 
@@ -79,15 +78,22 @@ def compiled_flex():
     return _compiled
 
 
-def flex_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask,
-              kernel_options: dict[str, int] | None = None) -> torch.Tensor:
+def flex_call(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask, kernel_options: dict[str, int] | None = None
+) -> torch.Tensor:
     """q (B, Hq, S, D), k/v (B, Hkv, S, D), BlockMask -> out (B, Hq, S, D)."""
-    return compiled_flex()(q, k, v, block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1],
-                           kernel_options=kernel_options)
+    return compiled_flex()(
+        q, k, v, block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1], kernel_options=kernel_options
+    )
 
 
-def block_size_for(mask: Mask, grad: bool = False, head_dim: int = 128, dtype: torch.dtype = torch.bfloat16,
-                   device: torch.device | str = "cpu") -> int:
+def block_size_for(
+    mask: Mask,
+    grad: bool = False,
+    head_dim: int = 128,
+    dtype: torch.dtype = torch.bfloat16,
+    device: torch.device | str = "cpu",
+) -> int:
     """BlockMask block size: 128, or for a uniform block-sparse layout that 128 does not divide the
     largest of 64, 32, 16 that divides its block (every kept block is then a FULL BlockMask block).
     With `grad`, a block torch's Flex backward cannot run at (`backward_runs_at`) falls back to 128."""
@@ -107,8 +113,10 @@ def backward_tile_configs(head_dim: int, dtype: torch.dtype) -> list[tuple[int, 
         from torch._inductor.template_heuristics.triton import CUDAConfigHeuristic
     except ImportError:  # older layout of the same module
         from torch._inductor.template_heuristics import CUDAConfigHeuristic
-    return [(c.block_m1, c.block_n1, c.block_m2, c.block_n2)
-            for c in CUDAConfigHeuristic().get_flex_attn_bwd_configs(head_dim, dtype)]
+    return [
+        (c.block_m1, c.block_n1, c.block_m2, c.block_n2)
+        for c in CUDAConfigHeuristic().get_flex_attn_bwd_configs(head_dim, dtype)
+    ]
 
 
 def backward_runs_at(block_size: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> bool:
@@ -143,8 +151,10 @@ def kernel_options_for(block_size: int) -> dict[str, int] | None:
 class FlexAttention:
     name = "flex"
     layout = "bhsd"
-    description = ("FlexAttention (torch.compile'd flex_attention) with a BlockMask built from the mask's "
-                   "slices, block size 128 (a uniform block-sparse layout's own block when 128 does not divide it)")
+    description = (
+        "FlexAttention (torch.compile'd flex_attention) with a BlockMask built from the mask's "
+        "slices, block size 128 (a uniform block-sparse layout's own block when 128 does not divide it)"
+    )
     caps = Capabilities(
         mask_forms=frozenset({"blockmask"}),
         # fp8 (e4m3, forward only, CUDA only): Flex's Triton template takes fp8 q, k, v and returns
@@ -161,9 +171,12 @@ class FlexAttention:
         # runner saw errors with it (9bbde11; their text was not kept, so the cause is unknown).
         # A cell where it fails is an `error` row, never a number.
         retained_backward=True,
-        cp=RankCapabilities(devices=frozenset({"cpu", "cuda"}),
-                            dtypes=frozenset({"float64", "float32", "bfloat16", "float16"}), block_sparse=True,
-                            note="backward: Flex's backward kernel on the combined out/LSE (eager off CUDA)"),
+        cp=RankCapabilities(
+            devices=frozenset({"cpu", "cuda"}),
+            dtypes=frozenset({"float64", "float32", "bfloat16", "float16"}),
+            block_sparse=True,
+            note="backward: Flex's backward kernel on the combined out/LSE (eager off CUDA)",
+        ),
     )
 
     def rank_kernel(self) -> rank.Flex:
@@ -172,11 +185,23 @@ class FlexAttention:
     def grad_changes_form(self, mask: Mask, *, head_dim: int, dtype: torch.dtype, device: torch.device) -> bool:
         """Whether a forward-only call gets another BlockMask than one with gradients (see base.py)."""
         device = torch.device(device)
-        return (block_size_for(mask, False, head_dim, dtype, device)
-                != block_size_for(mask, True, head_dim, dtype, device))
+        return block_size_for(mask, False, head_dim, dtype, device) != block_size_for(
+            mask, True, head_dim, dtype, device
+        )
 
-    def prepare(self, mask: Mask, *, batch: int, heads_q: int, heads_kv: int, head_dim: int,
-                dtype: torch.dtype, device: torch.device, form: str, grad: bool = True) -> Prepared:
+    def prepare(
+        self,
+        mask: Mask,
+        *,
+        batch: int,
+        heads_q: int,
+        heads_kv: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        form: str,
+        grad: bool = True,
+    ) -> Prepared:
         if form != "blockmask":
             raise Unsupported(f"flex takes the blockmask form, not {form!r}")
         if mask.per_head and heads_kv != mask.heads:
@@ -185,30 +210,38 @@ class FlexAttention:
 
         device = torch.device(device)
         if device.type == "cpu" and dtype not in CPU_DTYPES:
-            raise Unsupported(f"FlexAttention on CPU takes {sorted(str(d) for d in CPU_DTYPES)}, not {dtype} "
-                              f"(torch's CPU lowering refuses it)")
+            raise Unsupported(
+                f"FlexAttention on CPU takes {sorted(str(d) for d in CPU_DTYPES)}, not {dtype} "
+                f"(torch's CPU lowering refuses it)"
+            )
         t0 = time.perf_counter()
-        block_size = block_size_for(mask, grad, head_dim, dtype, device)
-        options = kernel_options_for(block_size)
-        forward_only = not grad and not backward_runs_at(block_size, head_dim, dtype, device)
-        block_mask = to_block_mask(mask, block_size=block_size, device=device,
-                                   heads_q=heads_q if mask.per_head else None, backward=not forward_only)
+        block_size, options, forward_only = self._grid(mask, grad, head_dim, dtype, device)
+        block_mask = to_block_mask(
+            mask,
+            block_size=block_size,
+            device=device,
+            heads_q=heads_q if mask.per_head else None,
+            backward=not forward_only,
+        )
         sync(device)
         build_s = time.perf_counter() - t0
 
         def call(q, k, v):
             if forward_only and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-                raise Unsupported(f"this BlockMask (block {block_size}) was built for the forward only: torch's "
-                                  f"Flex backward has no config for it on this GPU (prepare with grad=True)")
+                raise Unsupported(
+                    f"this BlockMask (block {block_size}) was built for the forward only: torch's "
+                    f"Flex backward has no config for it on this GPU (prepare with grad=True)"
+                )
             return flex_call(q, k, v, block_mask, options)
 
         if device.type == "cpu":
+
             def call(q, k, v, _call=call):  # noqa: F811 - the CPU variant refuses a backward up front
                 if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
                     raise Unsupported("FlexAttention has no backward on CPU (torch raises NotImplementedError)")
                 return _call(q.detach(), k.detach(), v.detach())  # torch refuses requires_grad inputs
 
-        backend = f"flex blockmask {block_size}"
+        backend = f"{self.backend_label} blockmask {block_size}"
         if options:
             backend += " tiles " + ",".join(f"{k}={v}" for k, v in options.items())
         info = {
@@ -221,5 +254,45 @@ class FlexAttention:
         }
         return Prepared(call=call, layout=self.layout, build_s=build_s, info=info, extra={"block_mask": block_mask})
 
+    backend_label = "flex"
+
+    def _grid(self, mask: Mask, grad: bool, head_dim: int, dtype: torch.dtype, device: torch.device):
+        """(BlockMask block size, kernel_options, forward only) of this backend for one cell."""
+        block_size = block_size_for(mask, grad, head_dim, dtype, device)
+        forward_only = not grad and not backward_runs_at(block_size, head_dim, dtype, device)
+        return block_size, kernel_options_for(block_size), forward_only
+
+
+class FlexAttentionFlash(FlexAttention):
+    """FlexAttention on its FlashAttention-4 backend (`kernel_options={"BACKEND": "FLASH"}`, torch
+    >= 2.11 with `flash-attn-4` installed): the same compiled flex_attention and the same BlockMask
+    (128 x 128 blocks from the slices, the mask_mod reading per-query key intervals), lowered by
+    Inductor to FA4's CuTe kernels instead of Flex's Triton template. Forward and backward on sm90
+    (H100/H200) and sm100; fp16/bf16. Its limits (head dims, block sizes the FA4 tiles take) are
+    the library's: a refusal at compile time is the row's `unsupported` reason
+    (docs/kernels.md records what the H200 showed)."""
+
+    name = "flex_fa4"
+    backend_label = "flex FLASH (FA4)"
+    description = "FlexAttention compiled with its FLASH backend (FlashAttention-4 CuTe kernels), BlockMask 128"
+    caps = Capabilities(
+        mask_forms=frozenset({"blockmask"}),
+        dtypes=frozenset({"float16", "bfloat16"}),
+        devices=frozenset({"cuda"}),
+        gqa=True,
+        backward=True,
+        min_compute_capability=(9, 0),
+        package="flash_attn.cute",
+        retained_backward=True,
+    )
+
+    def grad_changes_form(self, mask: Mask, *, head_dim: int, dtype: torch.dtype, device: torch.device) -> bool:
+        return False
+
+    def _grid(self, mask: Mask, grad: bool, head_dim: int, dtype: torch.dtype, device: torch.device):
+        # FA4's tiles on sm90 are 128 x 128 (head dims <= 128): the 128 grid, forward and backward
+        return BLOCK_SIZE, {"BACKEND": "FLASH"}, False
+
 
 register(FlexAttention())
+register(FlexAttentionFlash())

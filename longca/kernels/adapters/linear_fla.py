@@ -11,8 +11,9 @@ All are the chunked forms (chunk 64), forward and backward (fla's own autograd F
 Masks: ``causal`` (form "causal": fla's batch dim) and ``causal_document`` (form "varlen": the
 batch's documents are packed into one sequence, a free view of the contiguous (B, S, H, D) input,
 and handed to fla as ``cu_seqlens``; the state restarts at each document). Layout is "bshd" for
-both; the varlen call also accepts "thd" (B*S, H, D) tensors and returns the layout it was given. No other mask has a meaning here: a linear
-attention kernel has no score matrix to mask, so every other cell is ``unsupported``.
+both; the varlen call also accepts "thd" (B*S, H, D) tensors and returns the layout it was given.
+No other mask has a meaning here: a linear attention kernel has no score matrix to mask, so every
+other cell is ``unsupported``.
 
 Linear attention with ``normalize=False``: fla's default divides by q.(sum of k), which with raw
 N(0, 1) inputs (no positive feature map) divides by numbers near zero; the kernel measured is the
@@ -37,8 +38,9 @@ import functools
 import importlib
 import importlib.util
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -85,17 +87,27 @@ class FlaOp:
 
 
 OPS: dict[str, FlaOp] = {
-    "linear_attn": FlaOp("fla.ops.linear_attn", "chunk_linear_attn", {"normalize": False},
-                         takes_cu_seqlens_cpu=False),
+    "linear_attn": FlaOp("fla.ops.linear_attn", "chunk_linear_attn", {"normalize": False}, takes_cu_seqlens_cpu=False),
     "simple_gla": FlaOp("fla.ops.simple_gla", "chunk_simple_gla", {}, {"g": "g"}, gated_dqkwg=True),
     "gla": FlaOp("fla.ops.gla", "chunk_gla", {}, {"g": "gk"}),
-    "gated_deltanet": FlaOp("fla.ops.gated_delta_rule", "chunk_gated_delta_rule",
-                            {"use_qk_l2norm_in_kernel": True}, {"g": "g", "beta": "beta"}, gated_dqkwg=True),
+    "gated_deltanet": FlaOp(
+        "fla.ops.gated_delta_rule",
+        "chunk_gated_delta_rule",
+        {"use_qk_l2norm_in_kernel": True},
+        {"g": "g", "beta": "beta"},
+        gated_dqkwg=True,
+    ),
 }
 
 
-def fla_kwargs(op: FlaOp, inputs: dict[str, torch.Tensor], *, scale: float,
-               cu_seqlens: torch.Tensor | None, cu_seqlens_cpu: torch.Tensor | None) -> dict[str, Any]:
+def fla_kwargs(
+    op: FlaOp,
+    inputs: dict[str, torch.Tensor],
+    *,
+    scale: float,
+    cu_seqlens: torch.Tensor | None,
+    cu_seqlens_cpu: torch.Tensor | None,
+) -> dict[str, Any]:
     """Keyword arguments of the fla call besides q, k, v."""
     kw: dict[str, Any] = {"scale": scale, **op.fixed}
     kw.update({arg: inputs[key] for arg, key in op.extra_args.items()})
@@ -138,12 +150,24 @@ class FlaLinearKernel:
             return None
         return gated_backward_refusal(dqkwg_guard_flags(), torch.cuda.get_device_capability(device))
 
-    def prepare(self, mask: Mask, *, batch: int, heads_q: int, heads_kv: int, head_dim: int,
-                dtype: torch.dtype, device: torch.device, form: str) -> Prepared:
+    def prepare(
+        self,
+        mask: Mask,
+        *,
+        batch: int,
+        heads_q: int,
+        heads_kv: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        form: str,
+    ) -> Prepared:
         t0 = time.perf_counter()
         if mask.name not in MASKS or FORM_OF_MASK[mask.name] != form:
-            raise Unsupported(f"{self.name}: mask {mask.name!r} with form {form!r} unsupported; "
-                             f"allowed: {sorted(FORM_OF_MASK.items())}")
+            raise Unsupported(
+                f"{self.name}: mask {mask.name!r} with form {form!r} unsupported; "
+                f"allowed: {sorted(FORM_OF_MASK.items())}"
+            )
         if heads_q % heads_kv:
             raise Unsupported(f"{self.name}: heads_q={heads_q} is not a multiple of heads_kv={heads_kv}")
         groups = heads_q // heads_kv
@@ -156,9 +180,16 @@ class FlaLinearKernel:
         else:
             cu_cpu, cu = None, None
             extra_batch, tokens = batch, seqlen
-        inputs = make_extra(self.family, batch=extra_batch, tokens=tokens, heads=heads_q, head_dim=head_dim,
-                            device=device, beta_dtype=dtype)
-        scale = head_dim ** -0.5
+        inputs = make_extra(
+            self.family,
+            batch=extra_batch,
+            tokens=tokens,
+            heads=heads_q,
+            head_dim=head_dim,
+            device=device,
+            beta_dtype=dtype,
+        )
+        scale = head_dim**-0.5
         op = self.op
         kwargs = fla_kwargs(self.op, inputs, scale=scale, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu)
         packed = cu is not None
@@ -183,15 +214,27 @@ class FlaLinearKernel:
             return o.reshape(*shape[:-1], o.shape[-1])
 
         total = batch * seqlen
-        flops = {p: linear_flops(family.flop_model, tokens=total, heads_q=heads_q, head_dim=head_dim, pass_=p)
-                 for p in ("fwd", "bwd", "fwd_bwd")}
+        flops = {
+            p: linear_flops(family.flop_model, tokens=total, heads_q=heads_q, head_dim=head_dim, pass_=p)
+            for p in ("fwd", "bwd", "fwd_bwd")
+        }
         version = _version()
         return Prepared(
-            call=call, layout=self.layout, build_s=time.perf_counter() - t0,
+            call=call,
+            layout=self.layout,
+            build_s=time.perf_counter() - t0,
             info={"backend": f"fla {version} {self.op.function} chunk={CHUNK}"},
-            extra={"kernel_family": "linear", "family": family.name, "reference": reference,
-                   "flop_model": family.flop_model, "flops": flops, "inputs": inputs,
-                   "cu_seqlens": cu_cpu, "tolerance": TOLERANCE, "package_version": version},
+            extra={
+                "kernel_family": "linear",
+                "family": family.name,
+                "reference": reference,
+                "flop_model": family.flop_model,
+                "flops": flops,
+                "inputs": inputs,
+                "cu_seqlens": cu_cpu,
+                "tolerance": TOLERANCE,
+                "package_version": version,
+            },
         )
 
 
@@ -202,10 +245,15 @@ def dqkwg_guard_flags() -> dict[str, Any]:
     import triton
     from fla.ops.common import chunk_o
 
-    return {"triton": triton.__version__, "fla": _version(),
-            "tilelang": importlib.util.find_spec("tilelang") is not None,
-            **{name: bool(getattr(chunk_o, name, False))
-               for name in ("IS_NVIDIA_HOPPER", "TRITON_ABOVE_3_4_0", "TRITON_ABOVE_3_7_1")}}
+    return {
+        "triton": triton.__version__,
+        "fla": _version(),
+        "tilelang": importlib.util.find_spec("tilelang") is not None,
+        **{
+            name: bool(getattr(chunk_o, name, False))
+            for name in ("IS_NVIDIA_HOPPER", "TRITON_ABOVE_3_4_0", "TRITON_ABOVE_3_7_1")
+        },
+    }
 
 
 def gated_backward_refusal(flags: dict[str, Any], compute_capability: tuple[int, int]) -> str | None:
@@ -213,13 +261,20 @@ def gated_backward_refusal(flags: dict[str, Any], compute_capability: tuple[int,
 
     fla raises at the first backward on Hopper (sm90) with Triton >= 3.4.0 and < 3.7.1 unless its
     tilelang backend is installed: Triton there computes wrong gradients (fla issue #640)."""
-    refused = (flags["IS_NVIDIA_HOPPER"] and compute_capability[0] == 9 and flags["TRITON_ABOVE_3_4_0"]
-               and not flags["TRITON_ABOVE_3_7_1"] and not flags["tilelang"])
+    refused = (
+        flags["IS_NVIDIA_HOPPER"]
+        and compute_capability[0] == 9
+        and flags["TRITON_ABOVE_3_4_0"]
+        and not flags["TRITON_ABOVE_3_7_1"]
+        and not flags["tilelang"]
+    )
     if not refused:
         return None
-    return (f"fla {flags['fla']} refuses the gated backward (chunk_bwd_dqkwg) on Hopper with Triton "
-            f"{flags['triton']}: Triton >= 3.4.0, < 3.7.1 computes wrong gradients there (fla issue #640); "
-            "needs Triton >= 3.7.1 or tilelang")
+    return (
+        f"fla {flags['fla']} refuses the gated backward (chunk_bwd_dqkwg) on Hopper with Triton "
+        f"{flags['triton']}: Triton >= 3.4.0, < 3.7.1 computes wrong gradients there (fla issue #640); "
+        "needs Triton >= 3.7.1 or tilelang"
+    )
 
 
 def _version() -> str:

@@ -25,9 +25,12 @@ class NaiveAttention:
         mask_forms=frozenset({"full", "dense"}),
         dtypes=frozenset({"float32", "float16", "bfloat16", "float64"}),
         devices=frozenset({"cpu", "cuda"}),
-        cp=RankCapabilities(devices=frozenset({"cpu", "cuda"}),
-                            dtypes=frozenset({"float64", "float32", "bfloat16", "float16"}),
-                            block_sparse=True, note="dense mask per step; O(S^2) memory"),
+        cp=RankCapabilities(
+            devices=frozenset({"cpu", "cuda"}),
+            dtypes=frozenset({"float64", "float32", "bfloat16", "float16"}),
+            block_sparse=True,
+            note="dense mask per step; O(S^2) memory",
+        ),
     )
 
     def rank_kernel(self) -> rank.Naive:

@@ -16,9 +16,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from longca.kernels import rank
 from longca.kernels.base import Capabilities, Prepared, RankCapabilities, Unsupported
-from longca.masks.slices import Kind
 from longca.kernels.registry import register
 from longca.masks.mask import Mask
+from longca.masks.slices import Kind
 from longca.measure.reference import dense_mask_tensor
 
 _BACKENDS = {
@@ -30,8 +30,12 @@ _BACKENDS = {
 _HALF = frozenset({"float16", "bfloat16"})
 # torch's flash and cuDNN ops return the LSE and take it in their backward: per-rank kernels on
 # FULL and square CAUSAL rectangles (longca.kernels.rank.Sdpa)
-_RANK = RankCapabilities(devices=frozenset({"cuda"}), dtypes=_HALF, slice_kinds=frozenset({Kind.FULL, Kind.CAUSAL}),
-                         note="FULL / CAUSAL sub-masks only")
+_RANK = RankCapabilities(
+    devices=frozenset({"cuda"}),
+    dtypes=_HALF,
+    slice_kinds=frozenset({Kind.FULL, Kind.CAUSAL}),
+    note="FULL / CAUSAL sub-masks only",
+)
 _PROBE_LEN = 128
 
 
@@ -74,17 +78,18 @@ class SdpaAttention:
 
         def call(q, k, v):
             with sdpa_kernel([backend]):
-                return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal,
-                                                      enable_gqa=gqa)
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal, enable_gqa=gqa)
 
         # Fail here (prepare is outside timing) if the forced backend refuses these inputs: a short
         # probe with the same heads, head dim, dtype, flags and a boolean mask when the cell has one
         # (SDPA picks its backend from these; 128 tokens keep the alignment every backend asks for).
         # SDPA says why only in warnings; keep them.
-        probe = [torch.zeros(1, h, _PROBE_LEN, head_dim, dtype=dtype, device=device)
-                 for h in (heads_q, heads_kv, heads_kv)]
-        probe_mask = (None if attn_mask is None
-                      else torch.ones(1, 1, _PROBE_LEN, _PROBE_LEN, dtype=torch.bool, device=device))
+        probe = [
+            torch.zeros(1, h, _PROBE_LEN, head_dim, dtype=dtype, device=device) for h in (heads_q, heads_kv, heads_kv)
+        ]
+        probe_mask = (
+            None if attn_mask is None else torch.ones(1, 1, _PROBE_LEN, _PROBE_LEN, dtype=torch.bool, device=device)
+        )
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
@@ -96,15 +101,43 @@ class SdpaAttention:
 
 
 _ALL = frozenset({"float32", "float16", "bfloat16"})
-register(SdpaAttention("math", Capabilities(frozenset({"full", "causal", "dense"}), _ALL | {"float64"},
-                                             devices=frozenset({"cpu", "cuda"})),
-                       "SDPA, math backend (reference implementation inside torch)"))
-register(SdpaAttention("flash", Capabilities(frozenset({"full", "causal"}), _ALL, devices=frozenset({"cpu", "cuda"}),
-                                              head_dims=frozenset({64, 96, 128, 192, 256, 16, 32}), cp=_RANK),
-                       "SDPA, flash backend (FlashAttention-2 inside torch on CUDA; torch's CPU flash kernel on CPU)"))
-register(SdpaAttention("efficient", Capabilities(frozenset({"full", "causal", "dense"}), _ALL,
-                                                  devices=frozenset({"cuda"})),
-                       "SDPA, memory-efficient backend (xFormers kernel inside torch)"))
-register(SdpaAttention("cudnn", Capabilities(frozenset({"full", "causal", "dense"}), _HALF, devices=frozenset({"cuda"}),
-                                              min_compute_capability=(8, 0), cp=_RANK),
-                       "SDPA, cuDNN fused attention backend"))
+register(
+    SdpaAttention(
+        "math",
+        Capabilities(frozenset({"full", "causal", "dense"}), _ALL | {"float64"}, devices=frozenset({"cpu", "cuda"})),
+        "SDPA, math backend (reference implementation inside torch)",
+    )
+)
+register(
+    SdpaAttention(
+        "flash",
+        Capabilities(
+            frozenset({"full", "causal"}),
+            _ALL,
+            devices=frozenset({"cpu", "cuda"}),
+            head_dims=frozenset({64, 96, 128, 192, 256, 16, 32}),
+            cp=_RANK,
+        ),
+        "SDPA, flash backend (FlashAttention-2 inside torch on CUDA; torch's CPU flash kernel on CPU)",
+    )
+)
+register(
+    SdpaAttention(
+        "efficient",
+        Capabilities(frozenset({"full", "causal", "dense"}), _ALL, devices=frozenset({"cuda"})),
+        "SDPA, memory-efficient backend (xFormers kernel inside torch)",
+    )
+)
+register(
+    SdpaAttention(
+        "cudnn",
+        Capabilities(
+            frozenset({"full", "causal", "dense"}),
+            _HALF,
+            devices=frozenset({"cuda"}),
+            min_compute_capability=(8, 0),
+            cp=_RANK,
+        ),
+        "SDPA, cuDNN fused attention backend",
+    )
+)

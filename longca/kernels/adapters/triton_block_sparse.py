@@ -34,16 +34,31 @@ class TritonBlockSparse:
         backward_dtypes=frozenset({"bfloat16", "float16"}),
         min_compute_capability=(8, 0),
         package="triton",
-        cp=RankCapabilities(devices=frozenset({"cpu", "cuda"}), dtypes=frozenset({"float32", "bfloat16", "float16"}),
-                            slice_kinds=frozenset(), block_sparse=True,
-                            note="block-sparse masks only; CPU only under TRITON_INTERPRET=1"),
+        cp=RankCapabilities(
+            devices=frozenset({"cpu", "cuda"}),
+            dtypes=frozenset({"float32", "bfloat16", "float16"}),
+            slice_kinds=frozenset(),
+            block_sparse=True,
+            note="block-sparse masks only; CPU only under TRITON_INTERPRET=1",
+        ),
     )
 
     def rank_kernel(self) -> rank.TritonBlockSparse:
         return rank.TritonBlockSparse()
 
-    def prepare(self, mask: Mask, *, batch: int, heads_q: int, heads_kv: int, head_dim: int,
-                dtype: torch.dtype, device: torch.device, form: str, config=None) -> Prepared:
+    def prepare(
+        self,
+        mask: Mask,
+        *,
+        batch: int,
+        heads_q: int,
+        heads_kv: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        form: str,
+        config=None,
+    ) -> Prepared:
         from longca.kernels.triton_sparse.api import block_sparse_attention
         from longca.kernels.triton_sparse.configs import default_config
         from longca.kernels.triton_sparse.plan import build_plan
@@ -70,8 +85,11 @@ class TritonBlockSparse:
 
         # The tiles that ran (after shrinking to divide the block) go into the row's `backend`, so
         # rows measured under different tile configs stay distinguishable.
-        info = {"backend": f"triton tiles {plan.config.as_text()}", "uniform_block": mask.blocks.uniform_block,
-                "fast_path": plan.fast_path}
+        info = {
+            "backend": f"triton tiles {plan.config.as_text()}",
+            "uniform_block": mask.blocks.uniform_block,
+            "fast_path": plan.fast_path,
+        }
         return Prepared(call=call, layout=self.layout, build_s=build_s, info=info)
 
 

@@ -54,8 +54,18 @@ class VarlenAttention:
         package="torch.nn.attention.varlen",
     )
 
-    def prepare(self, mask: Mask, *, batch: int, heads_q: int, heads_kv: int, head_dim: int,
-                dtype: torch.dtype, device: torch.device, form: str) -> Prepared:
+    def prepare(
+        self,
+        mask: Mask,
+        *,
+        batch: int,
+        heads_q: int,
+        heads_kv: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        form: str,
+    ) -> Prepared:
         if form != "varlen":
             raise Unsupported(f"varlen takes the varlen form, not {form!r}")
         from torch.nn.attention.varlen import varlen_attn
@@ -73,8 +83,12 @@ class VarlenAttention:
         def call(q, k, v):
             return varlen_attn(q, k, v, cu, cu, m, m, **kwargs)
 
-        info = {"causal": args.causal, "num_segments": len(args.cu_seqlens) - 1, "max_seqlen": m,
-                "kwargs": sorted(kwargs)}
+        info = {
+            "causal": args.causal,
+            "num_segments": len(args.cu_seqlens) - 1,
+            "max_seqlen": m,
+            "kwargs": sorted(kwargs),
+        }
         return Prepared(call=call, layout="thd", build_s=build_s, info=info)
 
 

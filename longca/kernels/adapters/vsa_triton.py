@@ -83,8 +83,9 @@ class _VsaAttention(torch.autograd.Function):
     def backward(ctx, dout):  # type: ignore[override]
         kernels, (q2k_index, q2k_num, k2q_index, k2q_num, sizes) = ctx.tables
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = kernels.triton_block_sparse_attn_backward(dout.contiguous(), q, k, v, out, lse, q2k_index,
-                                                               q2k_num, k2q_index, k2q_num, sizes)
+        dq, dk, dv = kernels.triton_block_sparse_attn_backward(
+            dout.contiguous(), q, k, v, out, lse, q2k_index, q2k_num, k2q_index, k2q_num, sizes
+        )
         return dq, dk, dv, None
 
 
@@ -104,8 +105,18 @@ class VsaTriton:
         block_sizes=frozenset({BLOCK}),
     )
 
-    def prepare(self, mask: Mask, *, batch: int, heads_q: int, heads_kv: int, head_dim: int,
-                dtype: torch.dtype, device: torch.device, form: str) -> Prepared:
+    def prepare(
+        self,
+        mask: Mask,
+        *,
+        batch: int,
+        heads_q: int,
+        heads_kv: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        form: str,
+    ) -> Prepared:
         layout = block_layout(self, mask, form, heads_q, heads_kv)
         if mask.seqlen_q % BLOCK or mask.seqlen_k != mask.seqlen_q:
             raise Unsupported(f"VSA takes S a multiple of {BLOCK} (S {mask.seqlen_q}x{mask.seqlen_k})")
@@ -126,8 +137,12 @@ class VsaTriton:
         def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             return _VsaAttention.apply(q, k, v, tables)
 
-        return Prepared(call=call, layout=self.layout, build_s=build_s,
-                        info={"backend": "vsa triton (vsa/block_sparse_attn_triton.py), block 64"})
+        return Prepared(
+            call=call,
+            layout=self.layout,
+            build_s=build_s,
+            info={"backend": "vsa triton (vsa/block_sparse_attn_triton.py), block 64"},
+        )
 
 
 register(VsaTriton())

@@ -18,8 +18,8 @@ unstable. The reference applies the same normalisation.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -62,25 +62,63 @@ def _delta_chunk(q, k, v, extra, cu_seqlens):
 
 
 def _delta_recurrent(q, k, v, extra, cu_seqlens):
-    return ref.delta_rule_recurrent(q, k, v, g=extra["g"], beta=extra["beta"], qk_l2norm=True,
-                                    cu_seqlens=cu_seqlens)
+    return ref.delta_rule_recurrent(q, k, v, g=extra["g"], beta=extra["beta"], qk_l2norm=True, cu_seqlens=cu_seqlens)
 
 
-FAMILIES: dict[str, LinearFamily] = {f.name: f for f in (
-    LinearFamily("linear_attn", "linear_attn_chunk_v1", None, False, _gla_chunk, _gla_recurrent,
-                 "causal linear attention without feature map or normaliser: o_t = sum_{s<=t} (q_t.k_s) v_s"),
-    LinearFamily("simple_gla", "linear_simple_gla_chunk_v1", "head", False, _gla_chunk, _gla_recurrent,
-                 "gated linear attention with one data-dependent decay per head and token"),
-    LinearFamily("gla", "linear_gla_chunk_v1", "key", False, _gla_chunk, _gla_recurrent,
-                 "gated linear attention with a decay per key dimension (Yang et al. 2024)"),
-    LinearFamily("gated_deltanet", "linear_gated_deltanet_chunk_v1", "head", True, _delta_chunk, _delta_recurrent,
-                 "gated delta rule (Yang et al. 2025), q and k L2-normalised"),
-)}
+FAMILIES: dict[str, LinearFamily] = {
+    f.name: f
+    for f in (
+        LinearFamily(
+            "linear_attn",
+            "linear_attn_chunk_v1",
+            None,
+            False,
+            _gla_chunk,
+            _gla_recurrent,
+            "causal linear attention without feature map or normaliser: o_t = sum_{s<=t} (q_t.k_s) v_s",
+        ),
+        LinearFamily(
+            "simple_gla",
+            "linear_simple_gla_chunk_v1",
+            "head",
+            False,
+            _gla_chunk,
+            _gla_recurrent,
+            "gated linear attention with one data-dependent decay per head and token",
+        ),
+        LinearFamily(
+            "gla",
+            "linear_gla_chunk_v1",
+            "key",
+            False,
+            _gla_chunk,
+            _gla_recurrent,
+            "gated linear attention with a decay per key dimension (Yang et al. 2024)",
+        ),
+        LinearFamily(
+            "gated_deltanet",
+            "linear_gated_deltanet_chunk_v1",
+            "head",
+            True,
+            _delta_chunk,
+            _delta_recurrent,
+            "gated delta rule (Yang et al. 2025), q and k L2-normalised",
+        ),
+    )
+}
 
 
-def make_extra(family: LinearFamily, *, batch: int, tokens: int, heads: int, head_dim: int,
-               device: torch.device | str, beta_dtype: torch.dtype = torch.float32,
-               seed: int = GATE_SEED) -> dict[str, torch.Tensor]:
+def make_extra(
+    family: LinearFamily,
+    *,
+    batch: int,
+    tokens: int,
+    heads: int,
+    head_dim: int,
+    device: torch.device | str,
+    beta_dtype: torch.dtype = torch.float32,
+    seed: int = GATE_SEED,
+) -> dict[str, torch.Tensor]:
     """The family's extra inputs for (batch, tokens, heads), drawn on ``device`` from a seeded
     generator (so no large host tensor is made), without gradient. Gates are float32 (fla
     accumulates them in float32); beta is cast to ``beta_dtype`` (the models' beta has the

@@ -43,8 +43,8 @@ name, so stored rows stay interpretable.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 CHUNK = 64  # fla's chunk size for all four families (its default, which the adapters use)
 
@@ -69,17 +69,31 @@ def _gated_deltanet(K: int, V: int, C: int) -> tuple[float, float]:
     return fwd, bwd
 
 
-MODELS: dict[str, FlopModel] = {m.name: m for m in (
-    FlopModel("linear_attn_chunk_v1", _gla, "chunked causal linear attention: 4LKV + 2LC(K+V) forward"),
-    FlopModel("linear_simple_gla_chunk_v1", _gla, "chunked simple GLA (head-wise gate): as linear_attn_chunk_v1"),
-    FlopModel("linear_gla_chunk_v1", _gla, "chunked GLA (key-wise gate): as linear_attn_chunk_v1"),
-    FlopModel("linear_gated_deltanet_chunk_v1", _gated_deltanet,
-              "chunked gated delta rule (WY form): 6LKV + 6LCK + 4LCV + (2/3)LC^2 forward"),
-)}
+MODELS: dict[str, FlopModel] = {
+    m.name: m
+    for m in (
+        FlopModel("linear_attn_chunk_v1", _gla, "chunked causal linear attention: 4LKV + 2LC(K+V) forward"),
+        FlopModel("linear_simple_gla_chunk_v1", _gla, "chunked simple GLA (head-wise gate): as linear_attn_chunk_v1"),
+        FlopModel("linear_gla_chunk_v1", _gla, "chunked GLA (key-wise gate): as linear_attn_chunk_v1"),
+        FlopModel(
+            "linear_gated_deltanet_chunk_v1",
+            _gated_deltanet,
+            "chunked gated delta rule (WY form): 6LKV + 6LCK + 4LCV + (2/3)LC^2 forward",
+        ),
+    )
+}
 
 
-def linear_flops(model: str, *, tokens: int, heads_q: int, head_dim: int, head_dim_v: int | None = None,
-                 pass_: str = "fwd", chunk: int = CHUNK) -> float:
+def linear_flops(
+    model: str,
+    *,
+    tokens: int,
+    heads_q: int,
+    head_dim: int,
+    head_dim_v: int | None = None,
+    pass_: str = "fwd",
+    chunk: int = CHUNK,
+) -> float:
     """FLOPs of one timed iteration under ``model``. ``tokens`` is the total over the batch
     (batch x seqlen, or the packed length of a varlen batch)."""
     if model not in MODELS:

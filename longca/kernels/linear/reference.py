@@ -26,7 +26,7 @@ Inputs of any dtype are promoted to float64; the result is float64.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -49,8 +49,9 @@ def _segments(total: int, cu_seqlens: torch.Tensor | None) -> list[tuple[int, in
     return [(a, b) for a, b in zip(cu, cu[1:]) if b > a]
 
 
-def per_document(fn: Callable[..., torch.Tensor], tensors: dict[str, torch.Tensor | None],
-                 cu_seqlens: torch.Tensor | None, **kw) -> torch.Tensor:
+def per_document(
+    fn: Callable[..., torch.Tensor], tensors: dict[str, torch.Tensor | None], cu_seqlens: torch.Tensor | None, **kw
+) -> torch.Tensor:
     """Run ``fn`` on each document (a slice of the token dim, dim 1) and concatenate the outputs."""
     q = tensors["q"]
     if cu_seqlens is not None and q.shape[0] != 1:
@@ -65,6 +66,7 @@ def per_document(fn: Callable[..., torch.Tensor], tensors: dict[str, torch.Tenso
 # ---------------------------------------------------------------------------------------------
 # GLA family (linear attention, simple GLA, GLA): recurrent and chunked
 # ---------------------------------------------------------------------------------------------
+
 
 def _gk_full(q: torch.Tensor, g: torch.Tensor | None, gk: torch.Tensor | None) -> torch.Tensor | None:
     if g is not None and gk is not None:
@@ -86,9 +88,16 @@ def _gla_recurrent_one(q, k, v, gk, scale):
     return torch.stack(outs, dim=1)
 
 
-def gla_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, g: torch.Tensor | None = None,
-                  gk: torch.Tensor | None = None, scale: float | None = None,
-                  cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+def gla_recurrent(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    g: torch.Tensor | None = None,
+    gk: torch.Tensor | None = None,
+    scale: float | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Exact recurrence for linear attention (no gate), simple GLA (g: (B, T, H)) or GLA
     (gk: (B, T, H, K)). q, k: (B, T, H, K); v: (B, T, H, V). Returns (B, T, H, V) float64."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
@@ -149,20 +158,30 @@ def _gla_chunk_one(q, k, v, gk, scale, chunk):
     return _unchunk(o)[:, :T]
 
 
-def gla_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, g: torch.Tensor | None = None,
-              gk: torch.Tensor | None = None, scale: float | None = None,
-              cu_seqlens: torch.Tensor | None = None, chunk: int = 64) -> torch.Tensor:
+def gla_chunk(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    g: torch.Tensor | None = None,
+    gk: torch.Tensor | None = None,
+    scale: float | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    chunk: int = 64,
+) -> torch.Tensor:
     """Chunked form of gla_recurrent (same arguments): intra-chunk C x C products plus an
     inter-chunk K x V state carried across chunks."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     q, k, v = (x.to(F64) for x in (q, k, v))
-    return per_document(_gla_chunk_one, dict(q=q, k=k, v=v, gk=_gk_full(q, g, gk)), cu_seqlens,
-                        scale=scale, chunk=chunk)
+    return per_document(
+        _gla_chunk_one, dict(q=q, k=k, v=v, gk=_gk_full(q, g, gk)), cu_seqlens, scale=scale, chunk=chunk
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # Gated delta rule (gated DeltaNet): recurrent and chunked (WY / UT-transform form)
 # ---------------------------------------------------------------------------------------------
+
 
 def _delta_recurrent_one(q, k, v, g, beta, scale):
     B, T, H, K = q.shape
@@ -184,9 +203,17 @@ def _delta_inputs(q, k, v, g, beta, qk_l2norm):
     return dict(q=q, k=k, v=v, g=g, beta=beta)
 
 
-def delta_rule_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, g: torch.Tensor,
-                         beta: torch.Tensor, scale: float | None = None, qk_l2norm: bool = True,
-                         cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+def delta_rule_recurrent(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    qk_l2norm: bool = True,
+    cu_seqlens: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Exact gated delta rule. g, beta: (B, T, H) (log decay, and beta in (0, 1)). With
     ``qk_l2norm`` q and k are L2-normalised first, as fla's ``use_qk_l2norm_in_kernel=True``."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
@@ -226,10 +253,20 @@ def _delta_chunk_one(q, k, v, g, beta, scale, chunk):
     return _unchunk(torch.stack(outs, dim=2))[:, :T]
 
 
-def delta_rule_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, g: torch.Tensor,
-                     beta: torch.Tensor, scale: float | None = None, qk_l2norm: bool = True,
-                     cu_seqlens: torch.Tensor | None = None, chunk: int = 64) -> torch.Tensor:
+def delta_rule_chunk(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    qk_l2norm: bool = True,
+    cu_seqlens: torch.Tensor | None = None,
+    chunk: int = 64,
+) -> torch.Tensor:
     """Chunked (WY representation) form of delta_rule_recurrent (same arguments)."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    return per_document(_delta_chunk_one, _delta_inputs(q, k, v, g, beta, qk_l2norm), cu_seqlens,
-                        scale=scale, chunk=chunk)
+    return per_document(
+        _delta_chunk_one, _delta_inputs(q, k, v, g, beta, qk_l2norm), cu_seqlens, scale=scale, chunk=chunk
+    )

@@ -31,7 +31,8 @@ class _BlockSparseAttention(torch.autograd.Function):
         return dq, dk, dv, None, None
 
 
-def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: SparsePlan,
-                           sm_scale: float | None = None) -> torch.Tensor:
+def block_sparse_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: SparsePlan, sm_scale: float | None = None
+) -> torch.Tensor:
     """softmax(q k^T * scale restricted to the plan's kept blocks) v, differentiable in q, k, v."""
     return _BlockSparseAttention.apply(q, k, v, plan, sm_scale)

@@ -29,8 +29,9 @@ _BY_BLOCK: dict[tuple[int, int], KernelConfig] = {
     # Forward: TMA loads with Triton's warp specialization, 128 x 128 tiles, 4 warps, 2 stages: 567-573
     # TFLOP/s at the 64K goal shape, 0.95-0.96 of dense cuDNN, where the pointer kernel's 128 x 128 x 8
     # x 3 ran 485 (0.81) in the same run (`sparse_triton.py --variants`, docs/sparse.md).
-    (128, 128): KernelConfig(TileConfig(128, 128, 4, 2), TileConfig(64, 64, 4, 2), TileConfig(64, 64, 4, 3),
-                             fwd_kernel="tma_ws"),
+    (128, 128): KernelConfig(
+        TileConfig(128, 128, 4, 2), TileConfig(64, 64, 4, 2), TileConfig(64, 64, 4, 3), fwd_kernel="tma_ws"
+    ),
     (128, 64): KernelConfig(TileConfig(64, 64, 4, 3), TileConfig(64, 64, 4, 2), TileConfig(64, 64, 4, 3)),
 }
 
@@ -58,7 +59,9 @@ def parse_config(text: str, base: KernelConfig | None = None) -> KernelConfig:
             continue
         nums = [int(x) for x in vals.split(",")]
         if name not in ("fwd", "dkdv", "dq") or len(nums) != 4:
-            raise ValueError(f"bad config item {item!r}: want fwd|dkdv|dq=BLOCK_M,BLOCK_N,WARPS,STAGES "
-                             f"or fwd_kernel={'|'.join(FWD_KERNELS)}")
+            raise ValueError(
+                f"bad config item {item!r}: want fwd|dkdv|dq=BLOCK_M,BLOCK_N,WARPS,STAGES "
+                f"or fwd_kernel={'|'.join(FWD_KERNELS)}"
+            )
         parts[name] = TileConfig(*nums)
     return replace(base or KernelConfig(), **parts)

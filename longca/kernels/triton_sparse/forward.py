@@ -58,8 +58,7 @@ def _fwd_start(row_ptr, row, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
 
 
 @triton.jit
-def _fwd_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, n0, k_hi, offs_n, stride_kn, stride_vn, qk_scale,
-              MASK_K: tl.constexpr):
+def _fwd_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, n0, k_hi, offs_n, stride_kn, stride_vn, qk_scale, MASK_K: tl.constexpr):
     """One BLOCK_N key tile starting at row n0 (keys >= k_hi masked when MASK_K)."""
     if MASK_K:
         valid = (n0 + offs_n) < k_hi
@@ -84,13 +83,41 @@ def _fwd_finish(acc, l_i, m_i):
 
 
 @triton.jit
-def _fwd_kernel(Q, K, V, Out, Lse,
-                stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks,
-                stride_vb, stride_vh, stride_vs, stride_ob, stride_oh, stride_os,
-                tile_start, tile_end, tile_block, row_ptr, row_idx, k_bounds,
-                heads_q, group, n_q_blocks, seqlen_q, qk_scale,
-                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                K_BLOCK: tl.constexpr, EVEN_M: tl.constexpr):
+def _fwd_kernel(
+    Q,
+    K,
+    V,
+    Out,
+    Lse,
+    stride_qb,
+    stride_qh,
+    stride_qs,
+    stride_kb,
+    stride_kh,
+    stride_ks,
+    stride_vb,
+    stride_vh,
+    stride_vs,
+    stride_ob,
+    stride_oh,
+    stride_os,
+    tile_start,
+    tile_end,
+    tile_block,
+    row_ptr,
+    row_idx,
+    k_bounds,
+    heads_q,
+    group,
+    n_q_blocks,
+    seqlen_q,
+    qk_scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    K_BLOCK: tl.constexpr,
+    EVEN_M: tl.constexpr,
+):
     b, h, hk, m0, qblk = _query_tile(heads_q, group, tile_start, tile_block)
     pid_bh = tl.program_id(1)
     m_hi = tl.load(tile_end + tl.program_id(0))
@@ -114,8 +141,9 @@ def _fwd_kernel(Q, K, V, Out, Lse,
         for it in range(lo * (K_BLOCK // BLOCK_N), hi * (K_BLOCK // BLOCK_N)):
             kblk = tl.load(row_idx + it // (K_BLOCK // BLOCK_N))
             n0 = kblk * K_BLOCK + (it % (K_BLOCK // BLOCK_N)) * BLOCK_N
-            acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, n0, 0, offs_n,
-                                      stride_ks, stride_vs, qk_scale, False)
+            acc, l_i, m_i = _fwd_tile(
+                acc, l_i, m_i, q, k_ptrs, v_ptrs, n0, 0, offs_n, stride_ks, stride_vs, qk_scale, False
+            )
     else:
         # Variable key blocks: each block is a run of tiles, the last one ragged.
         for p in range(lo, hi):
@@ -123,11 +151,17 @@ def _fwd_kernel(Q, K, V, Out, Lse,
             k_lo = tl.load(k_bounds + kblk)
             k_hi = tl.load(k_bounds + kblk + 1)
             for n0 in range(k_lo, k_hi, BLOCK_N):
-                acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, k_ptrs, v_ptrs, n0, k_hi, offs_n,
-                                          stride_ks, stride_vs, qk_scale, True)
+                acc, l_i, m_i = _fwd_tile(
+                    acc, l_i, m_i, q, k_ptrs, v_ptrs, n0, k_hi, offs_n, stride_ks, stride_vs, qk_scale, True
+                )
     acc, lse = _fwd_finish(acc, l_i, m_i)
-    o_ptrs = Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh \
-        + offs_m[:, None].to(tl.int64) * stride_os + offs_d[None, :]
+    o_ptrs = (
+        Out
+        + b.to(tl.int64) * stride_ob
+        + h.to(tl.int64) * stride_oh
+        + offs_m[:, None].to(tl.int64) * stride_os
+        + offs_d[None, :]
+    )
     lse_ptrs = Lse + pid_bh.to(tl.int64) * seqlen_q + offs_m
     if EVEN_M:
         tl.store(o_ptrs, acc.to(Out.dtype.element_ty))
@@ -138,27 +172,70 @@ def _fwd_kernel(Q, K, V, Out, Lse,
 
 
 @triton.jit
-def _fwd_tma_kernel(Q, K, V, Out, Lse,
-                    stride_qb, stride_qh, stride_qs, stride_kb, stride_kh, stride_ks,
-                    stride_vb, stride_vh, stride_vs, stride_ob, stride_oh, stride_os,
-                    tile_start, tile_block, row_ptr, row_idx,
-                    heads_q, group, n_q_blocks, seqlen_q, seqlen_k, qk_scale,
-                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    K_BLOCK: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
+def _fwd_tma_kernel(
+    Q,
+    K,
+    V,
+    Out,
+    Lse,
+    stride_qb,
+    stride_qh,
+    stride_qs,
+    stride_kb,
+    stride_kh,
+    stride_ks,
+    stride_vb,
+    stride_vh,
+    stride_vs,
+    stride_ob,
+    stride_oh,
+    stride_os,
+    tile_start,
+    tile_block,
+    row_ptr,
+    row_idx,
+    heads_q,
+    group,
+    n_q_blocks,
+    seqlen_q,
+    seqlen_k,
+    qk_scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    K_BLOCK: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
+):
     """_fwd_kernel's uniform-block path (K_BLOCK > 0, whole query tiles) on tensor descriptors."""
     b, h, hk, m0, qblk = _query_tile(heads_q, group, tile_start, tile_block)
     pid_bh = tl.program_id(1)
     # One 2-D (seqlen, head_dim) descriptor per (batch, head), built on the device from the strides:
     # any bhsd view with 16-byte aligned rows works (forward.uses_tma checks), and Triton 3.6 warp-
     # specializes attention on Hopper only with device-side descriptors (triton-lang/triton#7658).
-    desc_q = tl.make_tensor_descriptor(Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh,
-                                       [seqlen_q, HEAD_DIM], [stride_qs, 1], [BLOCK_M, HEAD_DIM])
-    desc_k = tl.make_tensor_descriptor(K + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh,
-                                       [seqlen_k, HEAD_DIM], [stride_ks, 1], [BLOCK_N, HEAD_DIM])
-    desc_v = tl.make_tensor_descriptor(V + b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh,
-                                       [seqlen_k, HEAD_DIM], [stride_vs, 1], [BLOCK_N, HEAD_DIM])
-    desc_o = tl.make_tensor_descriptor(Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh,
-                                       [seqlen_q, HEAD_DIM], [stride_os, 1], [BLOCK_M, HEAD_DIM])
+    desc_q = tl.make_tensor_descriptor(
+        Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh,
+        [seqlen_q, HEAD_DIM],
+        [stride_qs, 1],
+        [BLOCK_M, HEAD_DIM],
+    )
+    desc_k = tl.make_tensor_descriptor(
+        K + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh,
+        [seqlen_k, HEAD_DIM],
+        [stride_ks, 1],
+        [BLOCK_N, HEAD_DIM],
+    )
+    desc_v = tl.make_tensor_descriptor(
+        V + b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh,
+        [seqlen_k, HEAD_DIM],
+        [stride_vs, 1],
+        [BLOCK_N, HEAD_DIM],
+    )
+    desc_o = tl.make_tensor_descriptor(
+        Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh,
+        [seqlen_q, HEAD_DIM],
+        [stride_os, 1],
+        [BLOCK_M, HEAD_DIM],
+    )
     q = desc_q.load([m0, 0])
     m_i, l_i, acc, lo, hi = _fwd_start(row_ptr, hk * n_q_blocks + qblk, BLOCK_M, HEAD_DIM)
     TILES: tl.constexpr = K_BLOCK // BLOCK_N
@@ -203,12 +280,14 @@ def uses_tma(plan: SparsePlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     so it is aligned whenever q is)."""
     if plan.config.fwd_kernel == "ptr" or not k_block_constexpr(plan, plan.config.fwd.block_n) or not plan.fwd_q.even:
         return False
-    return all(t.data_ptr() % 16 == 0 and all(s * t.element_size() % 16 == 0 for s in t.stride()[:3])
-               for t in (q, k, v))
+    return all(
+        t.data_ptr() % 16 == 0 and all(s * t.element_size() % 16 == 0 for s in t.stride()[:3]) for t in (q, k, v)
+    )
 
 
-def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: SparsePlan,
-            sm_scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: SparsePlan, sm_scale: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Block-sparse attention of bhsd q, k, v; returns (out bhsd, lse (B, Hq, Sq) float32)."""
     b, hq, hkv, d = check_inputs(q, k, v, plan)
     sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
@@ -217,29 +296,85 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: SparsePlan,
     cfg, tiles = plan.config.fwd, plan.fwd_q
     grid = (tiles.count, b * hq)
     if uses_tma(plan, q, k, v):
+
         def launch() -> None:
             # Device-side descriptors need global scratch (128 bytes per program) from an allocator,
             # set in a copied context so that it does not leak into the caller's.
             triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=q.device))
             _fwd_tma_kernel[grid](
-                q, k, v, out, lse,
-                q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-                v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
-                tiles.start, tiles.block, plan.rows.ptr, plan.rows.idx,
-                hq, hq // hkv, plan.n_q_blocks, plan.seqlen_q, plan.seqlen_k, sm_scale * LOG2E,
-                HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                K_BLOCK=k_block_constexpr(plan, cfg.block_n), WARP_SPECIALIZE=plan.config.fwd_kernel == "tma_ws",
-                num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                q,
+                k,
+                v,
+                out,
+                lse,
+                q.stride(0),
+                q.stride(1),
+                q.stride(2),
+                k.stride(0),
+                k.stride(1),
+                k.stride(2),
+                v.stride(0),
+                v.stride(1),
+                v.stride(2),
+                out.stride(0),
+                out.stride(1),
+                out.stride(2),
+                tiles.start,
+                tiles.block,
+                plan.rows.ptr,
+                plan.rows.idx,
+                hq,
+                hq // hkv,
+                plan.n_q_blocks,
+                plan.seqlen_q,
+                plan.seqlen_k,
+                sm_scale * LOG2E,
+                HEAD_DIM=d,
+                BLOCK_M=cfg.block_m,
+                BLOCK_N=cfg.block_n,
+                K_BLOCK=k_block_constexpr(plan, cfg.block_n),
+                WARP_SPECIALIZE=plan.config.fwd_kernel == "tma_ws",
+                num_warps=cfg.num_warps,
+                num_stages=cfg.num_stages,
+            )
 
         contextvars.copy_context().run(launch)
         return out, lse
     _fwd_kernel[grid](
-        q, k, v, out, lse,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
-        tiles.start, tiles.end, tiles.block, plan.rows.ptr, plan.rows.idx, plan.k_bounds,
-        hq, hq // hkv, plan.n_q_blocks, plan.seqlen_q, sm_scale * LOG2E,
-        HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        K_BLOCK=k_block_constexpr(plan, cfg.block_n), EVEN_M=tiles.even,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        q,
+        k,
+        v,
+        out,
+        lse,
+        q.stride(0),
+        q.stride(1),
+        q.stride(2),
+        k.stride(0),
+        k.stride(1),
+        k.stride(2),
+        v.stride(0),
+        v.stride(1),
+        v.stride(2),
+        out.stride(0),
+        out.stride(1),
+        out.stride(2),
+        tiles.start,
+        tiles.end,
+        tiles.block,
+        plan.rows.ptr,
+        plan.rows.idx,
+        plan.k_bounds,
+        hq,
+        hq // hkv,
+        plan.n_q_blocks,
+        plan.seqlen_q,
+        sm_scale * LOG2E,
+        HEAD_DIM=d,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        K_BLOCK=k_block_constexpr(plan, cfg.block_n),
+        EVEN_M=tiles.even,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
     return out, lse

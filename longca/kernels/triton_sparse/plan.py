@@ -53,8 +53,10 @@ class KernelConfig:
             raise ValueError(f"fwd_kernel must be one of {FWD_KERNELS}, got {self.fwd_kernel!r}")
 
     def as_dict(self) -> dict[str, list[int]]:
-        return {name: [c.block_m, c.block_n, c.num_warps, c.num_stages]
-                for name, c in (("fwd", self.fwd), ("dkdv", self.dkdv), ("dq", self.dq))}
+        return {
+            name: [c.block_m, c.block_n, c.num_warps, c.num_stages]
+            for name, c in (("fwd", self.fwd), ("dkdv", self.dkdv), ("dq", self.dq))
+        }
 
     def as_text(self) -> str:
         """'fwd=128,64,8,3;dkdv=32,64,4,3;dq=64,32,4,3[;fwd_kernel=tma]': the form configs.parse_config
@@ -111,9 +113,11 @@ class SparsePlan:
     def fast_path(self) -> bool:
         """True when every pass walks whole tiles with no ragged-edge masks."""
         c = self.config
-        return bool(self.uniform_q and self.uniform_k
-                    and all(self.uniform_q % t.block_m == 0 and self.uniform_k % t.block_n == 0
-                            for t in (c.fwd, c.dkdv, c.dq)))
+        return bool(
+            self.uniform_q
+            and self.uniform_k
+            and all(self.uniform_q % t.block_m == 0 and self.uniform_k % t.block_n == 0 for t in (c.fwd, c.dkdv, c.dq))
+        )
 
 
 def _pow2_divisor(block: int, cap: int) -> int:
@@ -170,7 +174,7 @@ def make_csr(kept: np.ndarray, device: torch.device) -> Csr:
     pos = 0
     for h in range(kept.shape[0]):
         _, j = np.nonzero(kept[h])  # row-major: sorted by row, then column
-        idx[pos:pos + len(j)] = j
+        idx[pos : pos + len(j)] = j
         pos += len(j)
     return Csr(torch.as_tensor(ptr.astype(np.int32), device=device), torch.as_tensor(idx, device=device))
 
@@ -194,15 +198,29 @@ def build_plan(layout: BlockLayout, device: torch.device | str, config: KernelCo
     fwd_m, fwd_n = tile_sizes(layout, config.fwd)
     dkdv_m, dkdv_n = tile_sizes(layout, config.dkdv)
     dq_m, dq_n = tile_sizes(layout, config.dq)
-    config = replace(config, fwd=TileConfig(fwd_m, fwd_n, config.fwd.num_warps, config.fwd.num_stages),
-                     dkdv=TileConfig(dkdv_m, dkdv_n, config.dkdv.num_warps, config.dkdv.num_stages),
-                     dq=TileConfig(dq_m, dq_n, config.dq.num_warps, config.dq.num_stages))
+    config = replace(
+        config,
+        fwd=TileConfig(fwd_m, fwd_n, config.fwd.num_warps, config.fwd.num_stages),
+        dkdv=TileConfig(dkdv_m, dkdv_n, config.dkdv.num_warps, config.dkdv.num_stages),
+        dq=TileConfig(dq_m, dq_n, config.dq.num_warps, config.dq.num_stages),
+    )
     uq, uk = _uniform(qb), _uniform(kb)
     as_t = lambda a: torch.as_tensor(a.astype(np.int32), device=device)  # noqa: E731
     return SparsePlan(
-        seqlen_q=int(qb[-1]), seqlen_k=int(kb[-1]), heads_kv=int(kept.shape[0]),
-        n_q_blocks=len(qb) - 1, n_k_blocks=len(kb) - 1, q_bounds=as_t(qb), k_bounds=as_t(kb),
-        uniform_q=uq, uniform_k=uk,
-        rows=make_csr(kept, device), cols=make_csr(kept.transpose(0, 2, 1), device), config=config,
-        fwd_q=make_tiles(qb, fwd_m, device), dq_q=make_tiles(qb, dq_m, device),
-        dkdv_k=make_tiles(kb, dkdv_n, device), area_per_kv_head=layout.area_per_head())
+        seqlen_q=int(qb[-1]),
+        seqlen_k=int(kb[-1]),
+        heads_kv=int(kept.shape[0]),
+        n_q_blocks=len(qb) - 1,
+        n_k_blocks=len(kb) - 1,
+        q_bounds=as_t(qb),
+        k_bounds=as_t(kb),
+        uniform_q=uq,
+        uniform_k=uk,
+        rows=make_csr(kept, device),
+        cols=make_csr(kept.transpose(0, 2, 1), device),
+        config=config,
+        fwd_q=make_tiles(qb, fwd_m, device),
+        dq_q=make_tiles(qb, dq_m, device),
+        dkdv_k=make_tiles(kb, dkdv_n, device),
+        area_per_kv_head=layout.area_per_head(),
+    )

@@ -30,8 +30,9 @@ def _doc_mask(docs: tuple[int, ...]) -> Mask:
 
 def _prepare(name: str, mask: Mask, *, batch=2, hq=4, hkv=2, d=16, dtype=torch.float64, device=CPU):
     form = "varlen" if mask.name == "causal_document" else "causal"
-    return registry.get(name).prepare(mask, batch=batch, heads_q=hq, heads_kv=hkv, head_dim=d, dtype=dtype,
-                                      device=device, form=form)
+    return registry.get(name).prepare(
+        mask, batch=batch, heads_q=hq, heads_kv=hkv, head_dim=d, dtype=dtype, device=device, form=form
+    )
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -39,20 +40,45 @@ def test_registered_as_linear_family_on_causal_masks_only(name: str) -> None:
     caps = registry.get(name).caps
     assert caps.family == "linear" and caps.package == "fla" and caps.backward
     reason = lambda mask: static_unsupported_reason(  # noqa: E731
-        caps, mask_name=mask, mask_forms=forms_of(mask), dtype="bfloat16", head_dim=128, heads_q=8, heads_kv=2,
-        pass_="fwd_bwd", device="cuda")
+        caps,
+        mask_name=mask,
+        mask_forms=forms_of(mask),
+        dtype="bfloat16",
+        head_dim=128,
+        heads_q=8,
+        heads_kv=2,
+        pass_="fwd_bwd",
+        device="cuda",
+    )
     assert reason("causal") is None and reason("causal_document") is None
     for other in sorted(set(PATTERNS) - {"causal", "causal_document"}):
         assert reason(other) is not None, other
-    assert static_unsupported_reason(caps, mask_name="causal", mask_forms=forms_of("causal"), dtype="bfloat16",
-                                     head_dim=128, heads_q=8, heads_kv=8, pass_="fwd", device="cpu")
+    assert static_unsupported_reason(
+        caps,
+        mask_name="causal",
+        mask_forms=forms_of("causal"),
+        dtype="bfloat16",
+        head_dim=128,
+        heads_q=8,
+        heads_kv=8,
+        pass_="fwd",
+        device="cpu",
+    )
 
 
 def test_prepare_refuses_other_masks_and_uneven_groups() -> None:
     kernel = registry.get("fla_simple_gla")
     with pytest.raises(Unsupported):
-        kernel.prepare(build_mask("full", 64), batch=1, heads_q=2, heads_kv=2, head_dim=16, dtype=torch.float32,
-                       device=CPU, form="full")
+        kernel.prepare(
+            build_mask("full", 64),
+            batch=1,
+            heads_q=2,
+            heads_kv=2,
+            head_dim=16,
+            dtype=torch.float32,
+            device=CPU,
+            form="full",
+        )
     with pytest.raises(Unsupported):
         _prepare("fla_simple_gla", build_mask("causal", 64), hq=6, hkv=4)
 
@@ -114,12 +140,14 @@ def test_reference_is_per_document_recurrence_with_gqa(name: str) -> None:
         for lo, hi in zip(bounds, bounds[1:]):
             t0, t1 = b * s + lo, b * s + hi  # packed positions of this document
             part = {key: x[:, t0:t1] for key, x in inputs.items()}
-            one = lambda x: x[b:b + 1, lo:hi]  # noqa: E731
-            expect = fam.reference_recurrent(one(q), one(k).repeat_interleave(2, dim=2),
-                                             one(v).repeat_interleave(2, dim=2), part, None)
-            torch.testing.assert_close(out[b:b + 1, lo:hi], expect, rtol=1e-10, atol=1e-10)
-    thd = prepared.extra["reference"](q.reshape(batch * s, hq, d), k.reshape(batch * s, hkv, d),
-                                      v.reshape(batch * s, hkv, d))
+            one = lambda x: x[b : b + 1, lo:hi]  # noqa: E731
+            expect = fam.reference_recurrent(
+                one(q), one(k).repeat_interleave(2, dim=2), one(v).repeat_interleave(2, dim=2), part, None
+            )
+            torch.testing.assert_close(out[b : b + 1, lo:hi], expect, rtol=1e-10, atol=1e-10)
+    thd = prepared.extra["reference"](
+        q.reshape(batch * s, hq, d), k.reshape(batch * s, hkv, d), v.reshape(batch * s, hkv, d)
+    )
     torch.testing.assert_close(thd, out.reshape(batch * s, hq, d))
 
 
@@ -164,8 +192,14 @@ def test_fla_matches_reference_on_gpu(name: str, mask: str) -> None:
 def test_gated_backward_refused_where_fla_refuses_it() -> None:
     from longca.kernels.adapters.linear_fla import OPS, gated_backward_refusal
 
-    hopper_36 = {"triton": "3.6.0", "fla": "0.6.0", "tilelang": False, "IS_NVIDIA_HOPPER": True,
-                 "TRITON_ABOVE_3_4_0": True, "TRITON_ABOVE_3_7_1": False}
+    hopper_36 = {
+        "triton": "3.6.0",
+        "fla": "0.6.0",
+        "tilelang": False,
+        "IS_NVIDIA_HOPPER": True,
+        "TRITON_ABOVE_3_4_0": True,
+        "TRITON_ABOVE_3_7_1": False,
+    }
     reason = gated_backward_refusal(hopper_36, (9, 0))
     assert reason and "Triton 3.6.0" in reason and "#640" in reason
     assert gated_backward_refusal({**hopper_36, "TRITON_ABOVE_3_7_1": True}, (9, 0)) is None

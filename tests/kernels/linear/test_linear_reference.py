@@ -26,8 +26,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 
 
-GLA_CASES = {"linear_attn": lambda g, gk: {}, "simple_gla": lambda g, gk: {"g": g},
-             "gla": lambda g, gk: {"gk": gk}}
+GLA_CASES = {"linear_attn": lambda g, gk: {}, "simple_gla": lambda g, gk: {"g": g}, "gla": lambda g, gk: {"gk": gk}}
 
 
 @pytest.mark.parametrize("family", sorted(GLA_CASES))
@@ -50,8 +49,10 @@ def test_gradients_of_chunk_forms_match_recurrences() -> None:
     do = torch.randn_like(v)
     forms = [
         (lambda q, k, v: ref.gla_chunk(q, k, v, gk=gk, chunk=16), lambda q, k, v: ref.gla_recurrent(q, k, v, gk=gk)),
-        (lambda q, k, v: ref.delta_rule_chunk(q, k, v, g=g, beta=beta, chunk=16),
-         lambda q, k, v: ref.delta_rule_recurrent(q, k, v, g=g, beta=beta)),
+        (
+            lambda q, k, v: ref.delta_rule_chunk(q, k, v, g=g, beta=beta, chunk=16),
+            lambda q, k, v: ref.delta_rule_recurrent(q, k, v, g=g, beta=beta),
+        ),
     ]
     for chunked, recurrent in forms:
         grads = []
@@ -99,7 +100,8 @@ def test_documents_are_independent(which: str) -> None:
         run = lambda q, k, v, g, gk, beta, cu=None: ref.gla_chunk(q, k, v, gk=gk, chunk=16, cu_seqlens=cu)  # noqa: E731
     else:
         run = lambda q, k, v, g, gk, beta, cu=None: ref.delta_rule_chunk(  # noqa: E731
-            q, k, v, g=g, beta=beta, chunk=16, cu_seqlens=cu)
+            q, k, v, g=g, beta=beta, chunk=16, cu_seqlens=cu
+        )
     packed = run(q, k, v, g, gk, beta, cu)
     for a, b in zip(cu.tolist(), cu.tolist()[1:]):
         alone = run(*(x[:, a:b] for x in (q, k, v, g, gk, beta)))
