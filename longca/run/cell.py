@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 import traceback
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -37,8 +38,23 @@ from longca.run.rows import base_row, classify, gate_peak, mask_columns, softmax
 from longca.spec.cells import Cell
 from longca.vocab import Pass, Status
 
-_check_cache: dict[tuple, dict[str, Any]] = {}
-_reference_cache = ReferenceCache()  # shared by the kernels checked on one problem
+# The last masks built, for the next cell of the same problem (a sweep runs a problem's fwd and bwd
+# cells one after the other): a 512K block-64 layout takes ~20 s to draw.
+MASKS_KEPT = 2
+CHECKS_KEPT = 4096
+
+
+@dataclass
+class CellCaches:
+    """What a process keeps from one cell for the next, owned by whoever runs the cells (a worker
+    keeps one for its chunk; `run_cell` without one starts afresh): correctness checks at the reduced
+    length (every longer cell of the same kernel, mask, shape and dtype shares one), references (every
+    kernel checked on one problem shares one: longca.measure.reference_cache) and the last masks drawn
+    (not those drawn from a cell's inputs)."""
+
+    checks: dict[tuple, dict[str, Any]] = field(default_factory=dict)
+    references: ReferenceCache = field(default_factory=ReferenceCache)
+    masks: dict[tuple, Mask] = field(default_factory=dict)
 
 
 def planned_unsupported(cell: Cell) -> str | None:
@@ -127,14 +143,9 @@ def _to_bshd(x: torch.Tensor, layout: str, batch: int) -> torch.Tensor:
     return x
 
 
-# The last masks built in this process, for the next cell of the same problem (a sweep runs a
-# problem's fwd and bwd cells one after the other): a 512K block-64 layout takes ~20 s to draw.
-# Masks drawn from the cell's inputs (importance scores) are not kept.
-_MASKS_KEPT = 2
-_mask_cache: dict[tuple, Mask] = {}
-
-
-def _build(cell: Cell, seqlen: int, sample: int, inputs=None, keep: bool = False) -> tuple[Mask, float]:
+def _build(
+    cell: Cell, seqlen: int, sample: int, caches: CellCaches, inputs=None, keep: bool = False
+) -> tuple[Mask, float]:
     """The cell's mask at `seqlen` and its build time. With `keep` (the timed samples; checks are at
     most check.max_seqlen long, where drawing is cheap) an earlier sample's identical mask is reused,
     with build time 0.0."""
@@ -148,9 +159,10 @@ def _build(cell: Cell, seqlen: int, sample: int, inputs=None, keep: bool = False
         hash(key)
     except TypeError:  # a parameter given as a list: not worth a canonical form here
         key = None
-    if key is not None and key in _mask_cache:
-        _mask_cache[key] = _mask_cache.pop(key)  # most recently used last
-        return _mask_cache[key], 0.0
+    kept = caches.masks
+    if key is not None and key in kept:
+        kept[key] = kept.pop(key)  # most recently used last
+        return kept[key], 0.0
     mask = build_mask(
         cell.mask,
         seqlen,
@@ -161,9 +173,9 @@ def _build(cell: Cell, seqlen: int, sample: int, inputs=None, keep: bool = False
         inputs=inputs if wants_inputs else None,
     )
     if key is not None:
-        while len(_mask_cache) >= _MASKS_KEPT:
-            _mask_cache.pop(next(iter(_mask_cache)))
-        _mask_cache[key] = mask
+        while len(kept) >= MASKS_KEPT:
+            kept.pop(next(iter(kept)))
+        kept[key] = mask
     return mask, time.perf_counter() - t0
 
 
@@ -189,13 +201,14 @@ def checks_gradients(kernel: Any, cell: Cell, device: torch.device) -> bool:
     )
 
 
-def check_correctness(cell: Cell, device: torch.device) -> dict[str, Any]:
+def check_correctness(cell: Cell, device: torch.device, caches: CellCaches | None = None) -> dict[str, Any]:
     """Compare the kernel with a float64 (CPU) / float32 (GPU) reference on the same inputs.
 
     At the cell's length when it is within check.max_seqlen, otherwise at that reduced length with
     the same mask pattern and parameters (cached per process: every longer cell of the same
     kernel/mask/shape shares the one check). `cached` in the result says which (its time is 0).
     """
+    caches = caches if caches is not None else CellCaches()
     kernel = registry.get(cell.kernel)
     check_len = min(cell.seqlen, int(cell.check_dict["max_seqlen"]))
     grads = checks_gradients(kernel, cell, device)
@@ -204,7 +217,7 @@ def check_correctness(cell: Cell, device: torch.device) -> dict[str, Any]:
 
     def problem():
         q, k, v, do = _make_inputs(cell, check_len, "bshd", device, ref_dtype, cell.seed + 1, True)
-        return (q, k, v, do), _build(cell, check_len, 0, inputs=(q.detach(), k.detach()))[0]
+        return (q, k, v, do), _build(cell, check_len, 0, caches, inputs=(q.detach(), k.detach()))[0]
 
     built = None
     split = False
@@ -229,8 +242,8 @@ def check_correctness(cell: Cell, device: torch.device) -> dict[str, Any]:
         json.dumps(cell.check_dict, sort_keys=True),
         cell.pass_ != Pass.FWD if split else None,
     )
-    if key in _check_cache and (_check_cache[key]["grads"] or not grads):
-        return {**_check_cache[key], "cached": True}
+    if key in caches.checks and (caches.checks[key]["grads"] or not grads):
+        return {**caches.checks[key], "cached": True}
     (q, k, v, do), mask = built or problem()
     rounded = cell.dtype in ROUNDED_REFERENCE_DTYPES
     if rounded:
@@ -273,7 +286,7 @@ def check_correctness(cell: Cell, device: torch.device) -> dict[str, Any]:
                 cell.dtype if rounded else None,
             )
         )
-        cached = _reference_cache.get(ref_key, grads, device) if ref_key else None
+        cached = caches.references.get(ref_key, grads, device) if ref_key else None
         if cached:
             ref = cached["out"]
         else:
@@ -301,13 +314,13 @@ def check_correctness(cell: Cell, device: torch.device) -> dict[str, Any]:
                         _to_bshd(mine.grad, prepared.layout, cell.batch), ref_grads[name]
                     )
         if ref_key and not cached:
-            _reference_cache.put(ref_key, {"out": ref, **(ref_grads or {})})
+            caches.references.put(ref_key, {"out": ref, **(ref_grads or {})})
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev_tf32
     result["grads"] = grads
-    if len(_check_cache) > 4096:
-        _check_cache.clear()
-    _check_cache[key] = result
+    if len(caches.checks) > CHECKS_KEPT:
+        caches.checks.clear()
+    caches.checks[key] = result
     return {**result, "cached": False}
 
 
@@ -319,7 +332,9 @@ def _from_bshd(x: torch.Tensor, layout: str) -> torch.Tensor:
     return x.contiguous()
 
 
-def _measure_sample(cell: Cell, device: torch.device, sample: int, check: dict[str, Any] | None) -> dict[str, Any]:
+def _measure_sample(
+    cell: Cell, device: torch.device, sample: int, check: dict[str, Any] | None, caches: CellCaches
+) -> dict[str, Any]:
     kernel = registry.get(cell.kernel)
     dtype = DTYPES[cell.dtype]
     rep = cell.repeat_dict
@@ -329,6 +344,7 @@ def _measure_sample(cell: Cell, device: torch.device, sample: int, check: dict[s
         cell,
         cell.seqlen,
         sample,
+        caches,
         inputs=(_to_bshd(q, kernel.layout, cell.batch).detach(), _to_bshd(k, kernel.layout, cell.batch).detach()),
         keep=True,
     )
@@ -411,12 +427,14 @@ def _measure_sample(cell: Cell, device: torch.device, sample: int, check: dict[s
     return row
 
 
-def run_cell(cell: Cell) -> list[dict[str, Any]]:
+def run_cell(cell: Cell, caches: CellCaches | None = None) -> list[dict[str, Any]]:
     """All rows of one cell (one per mask sample), never raising for the cell's own failures.
+    `caches`: what earlier cells of this process left for this one (none: a fresh start).
 
     Rows whose key `_fatal` is true ask the caller to restart the process (a CUDA error leaves the
     context unusable).
     """
+    caches = caches if caches is not None else CellCaches()
     t_cell = time.perf_counter()
     try:
         reason = planned_unsupported(cell)
@@ -434,7 +452,7 @@ def run_cell(cell: Cell) -> list[dict[str, Any]]:
     try:
         if cell.check_dict.get("enabled", True):
             t_check = time.perf_counter()
-            check = check_correctness(cell, device)
+            check = check_correctness(cell, device, caches)
             check_s = 0.0 if check["cached"] else time.perf_counter() - t_check
             t_check = None
             failed = check_verdict(cell, check)
@@ -443,7 +461,7 @@ def run_cell(cell: Cell) -> list[dict[str, Any]]:
         else:
             for sample in range(cell.samples):
                 row = base_row(cell)
-                row.update(_measure_sample(cell, device, sample, check))
+                row.update(_measure_sample(cell, device, sample, check, caches))
                 gate_peak(row, device)
                 rows.append(row)
     except BaseException as exc:  # noqa: BLE001 - every failure of the cell becomes its row

@@ -25,7 +25,7 @@ def main(argv: list[str]) -> int:
     status = os.fdopen(status_fd, "w", buffering=1)
 
     from longca.kernels.registry import load_all
-    from longca.run.cell import run_cell
+    from longca.run.cell import CellCaches, run_cell
     from longca.run.rows import summarize
     from longca.spec.cells import Cell
     from longca.store.write import write_rows
@@ -38,13 +38,14 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
     load_all()  # includes LONGCA_PLUGINS
     kernel_s = 0.0
+    caches = CellCaches()  # the chunk's cells share checks, references and masks
     t0 = time.perf_counter()
     for i, (cell_json, path) in enumerate(zip(job["cells"], job["outputs"])):
         if i < job.get("start", 0):
             continue
         cell = Cell.from_json(cell_json)
         status.write(f"START {i}\n")
-        rows = run_cell(cell)
+        rows = run_cell(cell, caches)
         write_rows(path, rows)
         kernel_s += sum(r.get("_kernel_s", 0.0) for r in rows)
         print(f"[longca] {cell.id}: {summarize(rows)}", file=sys.stderr, flush=True)

@@ -119,12 +119,12 @@ def test_backward_refused_at_run_time_is_unsupported_and_forward_still_runs(monk
 
 
 def test_rows_carry_phase_times_and_the_check_counts_once(monkeypatch):
-    from longca.run import cell as cell_mod
+    from longca.run.cell import CellCaches
 
-    monkeypatch.setattr(cell_mod, "_check_cache", {})  # a fresh process: the first cell checks
+    caches = CellCaches()  # a fresh process: the first cell checks
     bwd, fwd = expand(spec("[sdpa_math]", masks="[full]", passes="[bwd, fwd]"))
-    (first,) = run_cell(bwd)
-    (second,) = run_cell(fwd)  # same shape: the backward cell's check (with gradients) serves it
+    (first,) = run_cell(bwd, caches)
+    (second,) = run_cell(fwd, caches)  # same shape: the backward cell's check (with gradients) serves it
     assert first["status"] == second["status"] == "ok"
     assert first["check_s"] > 0 and second["check_s"] == 0.0
     for r in (first, second):
@@ -200,9 +200,6 @@ def test_a_kernel_that_refuses_a_retained_graph_keeps_fresh_forwards(monkeypatch
 
 
 def test_incorrect_cell_keeps_its_wall_and_check_time(plugin_env, monkeypatch):
-    from longca.run import cell as cell_mod
-
-    monkeypatch.setattr(cell_mod, "_check_cache", {})
     (row,) = run_cell(expand(spec("[test_wrong]"))[0])
     assert row["status"] == "incorrect"
     assert row["check_s"] > 0 and row["cell_wall_s"] >= row["check_s"]
@@ -223,13 +220,11 @@ def test_kernels_on_the_same_problem_share_one_reference(monkeypatch):
 
     monkeypatch.setattr(cell_mod, "reference_attention", counting)
     naive, sdpa = expand(spec("[naive, sdpa_math]", masks="[causal]"))
-    monkeypatch.setattr(cell_mod, "_check_cache", {})
-    monkeypatch.setattr(cell_mod, "_reference_cache", ReferenceCache())
-    shared = [cell_mod.check_correctness(c, cell_mod.torch.device("cpu")) for c in (naive, sdpa)]
-    assert len(calls) == 1 and cell_mod._reference_cache.hits == 1
-    monkeypatch.setattr(cell_mod, "_check_cache", {})
-    monkeypatch.setattr(cell_mod, "_reference_cache", ReferenceCache(max_bytes=0))  # stores nothing
-    fresh = cell_mod.check_correctness(sdpa, cell_mod.torch.device("cpu"))
+    caches = cell_mod.CellCaches()
+    shared = [cell_mod.check_correctness(c, cell_mod.torch.device("cpu"), caches) for c in (naive, sdpa)]
+    assert len(calls) == 1 and caches.references.hits == 1
+    nothing_kept = cell_mod.CellCaches(references=ReferenceCache(max_bytes=0))  # stores no reference
+    fresh = cell_mod.check_correctness(sdpa, cell_mod.torch.device("cpu"), nothing_kept)
     assert len(calls) == 2
     for name in ("rel_err_out", "rel_err_dq", "rel_err_dk", "rel_err_dv"):
         assert shared[1][name] == fresh[name] and shared[1][name] < 1e-5
@@ -239,14 +234,13 @@ def test_a_reference_is_not_shared_across_masks_or_shapes(monkeypatch):
     from longca.measure.reference_cache import ReferenceCache
     from longca.run import cell as cell_mod
 
-    monkeypatch.setattr(cell_mod, "_check_cache", {})
-    monkeypatch.setattr(cell_mod, "_reference_cache", ReferenceCache())
+    caches = cell_mod.CellCaches(references=ReferenceCache())
     cells = expand(spec("[naive]", masks="[full, causal]"))
     cells += expand(spec("[naive]", masks="[causal]", extra='heads: ["2:2"]'))
     for c in cells:
-        check = cell_mod.check_correctness(c, cell_mod.torch.device("cpu"))
+        check = cell_mod.check_correctness(c, cell_mod.torch.device("cpu"), caches)
         assert check["rel_err_out"] < 1e-5 and check["rel_err_dq"] < 1e-5
-    assert cell_mod._reference_cache.hits == 0 and len(cell_mod._reference_cache) == 3
+    assert caches.references.hits == 0 and len(caches.references) == 3
 
 
 def test_a_kernel_with_a_forward_only_form_is_prepared_and_checked_per_pass(monkeypatch):
@@ -265,10 +259,10 @@ def test_a_kernel_with_a_forward_only_form_is_prepared_and_checked_per_pass(monk
 
     monkeypatch.setattr(sdpa, "grad_changes_form", lambda mask, **kw: True, raising=False)
     monkeypatch.setattr(sdpa, "prepare", prepare)
-    monkeypatch.setattr(cell_mod, "_check_cache", {})
+    caches = cell_mod.CellCaches()
     bwd, fwd = expand(spec("[sdpa_math]", masks="[causal]", passes="[bwd, fwd]"))
-    (b,) = run_cell(bwd)
-    (f,) = run_cell(fwd)
+    (b,) = run_cell(bwd, caches)
+    (f,) = run_cell(fwd, caches)
     assert b["status"] == f["status"] == "ok"
     assert b["check_s"] > 0 and f["check_s"] > 0  # the forward cell was checked in its own form
     assert f.get("rel_err_dq") is None and b["rel_err_dq"] < 1e-5
@@ -290,31 +284,30 @@ def test_the_next_cell_of_the_same_problem_reuses_its_mask(monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(cell_mod, "build_mask", counting)
-    monkeypatch.setattr(cell_mod, "_mask_cache", {})
-    monkeypatch.setattr(cell_mod, "_check_cache", {})
+    caches = cell_mod.CellCaches()
     masks = "[{name: block_sparse, block: 32, density: 0.5}]"
     bwd, fwd = expand(spec("[naive]", masks=masks, passes="[bwd, fwd]"))
-    (b,) = run_cell(bwd)
-    (f,) = run_cell(fwd)
+    (b,) = run_cell(bwd, caches)
+    (f,) = run_cell(fwd, caches)
     assert b["status"] == f["status"] == "ok"
     # the check (its own draw, kept apart) and the backward cell draw; the forward cell reuses
     assert built == [192, 192]
     assert b["mask_build_s"] > 0 and f["mask_build_s"] == 0.0
     assert f["mask_area"] == b["mask_area"] and f["density"] == b["density"]
     # another seed is another mask
-    (other,) = run_cell(expand(spec("[naive]", masks=masks, passes="[fwd]", extra="seed: 5"))[0])
+    (other,) = run_cell(expand(spec("[naive]", masks=masks, passes="[fwd]", extra="seed: 5"))[0], caches)
     assert len(built) == 4 and other["mask_build_s"] > 0
 
 
 def test_masks_drawn_from_the_inputs_are_not_kept(monkeypatch):
     from longca.run import cell as cell_mod
 
-    monkeypatch.setattr(cell_mod, "_mask_cache", {})
+    caches = cell_mod.CellCaches()
     masks = "[{name: block_sparse, block: 32, density: 0.5, score: importance}]"
     for c in expand(spec("[naive]", masks=masks, passes="[bwd, fwd]")):
-        (row,) = run_cell(c)
+        (row,) = run_cell(c, caches)
         assert row["status"] == "ok" and row["mask_build_s"] > 0
-    assert cell_mod._mask_cache == {}
+    assert caches.masks == {}
 
 
 class _UpcastFp8:
@@ -360,14 +353,8 @@ def fp8_kernel(monkeypatch):
 
 
 def test_fp8_cells_are_checked_against_the_reference_on_their_rounded_inputs(fp8_kernel, monkeypatch):
-    from longca.measure.reference_cache import ReferenceCache
     from longca.run import cell as cell_mod
 
-    def fresh():
-        monkeypatch.setattr(cell_mod, "_check_cache", {})
-        monkeypatch.setattr(cell_mod, "_reference_cache", ReferenceCache())
-
-    fresh()
     fwd, bwd = expand(spec("[test_fp8_upcast]", masks="[causal]", dtypes="[fp8]", passes="[fwd, bwd]"))
     assert fwd.dtype == bwd.dtype == "float8_e4m3fn" and json.loads(fwd.check)["tolerance"]["float8_e4m3fn"] == 0.08
     (row,) = run_cell(fwd)
@@ -376,7 +363,6 @@ def test_fp8_cells_are_checked_against_the_reference_on_their_rounded_inputs(fp8
     (row,) = run_cell(bwd)
     assert row["status"] == "unsupported" and row["reason"].startswith("no backward in float8_e4m3fn")
     # against the unrounded draws, the same exact kernel is several percent off: the rounding, not the kernel
-    fresh()
     monkeypatch.setattr(cell_mod, "ROUNDED_REFERENCE_DTYPES", frozenset())
     off = cell_mod.check_correctness(fwd, cell_mod.torch.device("cpu"))["rel_err_out"]
     assert 1e-2 < off < 1e-1

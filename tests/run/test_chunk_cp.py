@@ -121,3 +121,26 @@ def test_cp_cells_wider_than_the_host_are_unsupported_rows(tmp_path, monkeypatch
     assert asked == [0]
     row = pq.read_table(out).to_pylist()[0]
     assert (row["status"], row["reason"]) == ("unsupported", "needs 4 GPUs (world_size); 2 visible")
+
+
+def test_a_cp_sweep_follows_the_specs_check_and_mask_samples(tmp_path):
+    """The spec's check (reduced length) and mask_samples reach CP cells: through the chunk
+    supervisor, a causal_document cell of 256 tokens is checked at 128 and measured on 2 draws."""
+    path = tmp_path / "cpcheck.yaml"
+    path.write_text(
+        "name: cpcheck\ndevice: cpu\n"
+        "repeat: {warmup: 1, iters: 2, min_iters: 1, budget_s: 0.1, l2_flush: false}\n"
+        "check: {max_seqlen: 128}\nmask_samples: {multi_document: 2}\n"
+        "heads: ['2:2']\nhead_dims: [16]\ndtypes: [float32]\npasses: [fwd, bwd]\n"
+        "sweeps:\n  - {name: cp, kernels: [naive], masks: [causal_document], seqlens: [256],\n"
+        "     cp: {mechanisms: [ring_p2p], world_sizes: [2]}}\n"
+    )
+    spec = load_spec(path)
+    cells = expand(spec)
+    outputs = [c.output(tmp_path / "results") for c in cells]
+    assert run_chunk(spec, outputs, str(tmp_path / "results")) == 0
+    for cell, out in zip(cells, outputs):
+        rows = pq.read_table(out).to_pylist()
+        assert [r["status"] for r in rows] == ["ok", "ok"], [r["reason"] for r in rows]
+        assert [r["mask_sample"] for r in rows] == [0, 1] and {r["check_seqlen"] for r in rows} == {128}
+        assert {r["cell_digest"] for r in rows} == {cell.digest} and rows[0]["world_size"] == 2

@@ -1,0 +1,78 @@
+"""The package's floors (docs/architecture.md): every longca import, at module level or inside a
+function, points to the same floor or one below, so data flows one way and the ground floor
+(longca.vocab) can be read without loading a kernel."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "longca"
+FLOORS = {
+    "vocab": 0,
+    "masks": 1,
+    "measure": 2,
+    "kernels": 3,
+    "cp": 4,
+    "spec": 5,
+    "store": 6,
+    "run": 7,
+    "report": 8,
+    "commands": 9,
+    "cli": 9,
+    "__init__": 0,
+    "data": 0,
+}
+
+
+def floor(module: str) -> int:
+    """The floor of a dotted module name under longca ('longca' itself is the root, floor 0)."""
+    parts = module.split(".")
+    return FLOORS[parts[1]] if len(parts) > 1 else 0
+
+
+def imports() -> list[tuple[str, str, int]]:
+    """(importing module, imported longca module, line) for every import in the package."""
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        me = ".".join(rel.parts).removesuffix(".__init__")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+                target = next((t for t in reversed(targets) if _exists(t)), node.module)
+                if target.startswith("longca"):
+                    found.append((me, target, node.lineno))
+            elif isinstance(node, ast.Import):
+                found += [(me, a.name, node.lineno) for a in node.names if a.name.startswith("longca")]
+    return found
+
+
+def _exists(module: str) -> bool:
+    rel = Path(*module.split("."))
+    return (PACKAGE.parent / rel).with_suffix(".py").is_file() or (PACKAGE.parent / rel / "__init__.py").is_file()
+
+
+def test_no_import_runs_up_a_floor():
+    upward = [(me, target, line) for me, target, line in imports() if me != "longca" and floor(target) > floor(me)]
+    assert upward == []
+
+
+def test_the_ground_floor_imports_nothing_of_longca_nor_torch():
+    tree = ast.parse((PACKAGE / "vocab.py").read_text(encoding="utf-8"))
+    top_level = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    names = [n.module if isinstance(n, ast.ImportFrom) else n.names[0].name for n in top_level]
+    assert not [n for n in names if n and (n.startswith("longca") or n.startswith("torch"))]
+
+
+def test_every_package_has_a_floor():
+    subpackages = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+    modules = {p.stem for p in PACKAGE.glob("*.py")}
+    assert subpackages | modules <= set(FLOORS)
+
+
+def test_the_scan_sees_imports_inside_functions_and_would_name_an_upward_one():
+    found = imports()
+    # rank.Flex builds its BlockMask lazily (longca.masks.flex inside a method)
+    assert any(a == "longca.kernels.rank" and b == "longca.masks.flex" for a, b, _ in found)
+    assert floor("longca.run.rows") > floor("longca.kernels.base")  # what an upward import would compare
