@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from longca.vocab import parse_seqlen
+
 
 def _parse_sets(items: list[str] | None) -> dict[str, Any]:
     params: dict[str, Any] = {}
@@ -110,9 +112,17 @@ def _gallery(args) -> int:
     return 0
 
 
+def _length(text: str) -> int:
+    """A length as specs write it ('32K'); argparse reports the ValueError as an invalid value."""
+    try:
+        return parse_seqlen(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _mask_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", help="mask pattern (see `longca masks list`)")
-    p.add_argument("--seqlen", type=int, required=True, help="sequence length S")
+    p.add_argument("--seqlen", type=_length, required=True, help="sequence length S (1024, 32K, 1M)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="mask parameter (repeatable)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sample", type=int, default=0, help="sample index of a sampled mask")
@@ -140,7 +150,7 @@ def add_parser(subparsers) -> None:
 
     p = sub.add_parser("gallery", help="draw every pattern and write index.json")
     p.add_argument("out_dir")
-    p.add_argument("--seqlen", type=int, default=4096)
+    p.add_argument("--seqlen", type=_length, default=4096, help="sequence length S (1024, 32K, 1M)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--format", choices=("svg", "png", "html", "json"), default="svg")
     p.add_argument("--cells", type=int, default=64)

@@ -82,6 +82,7 @@ def check_spec(spec: Spec) -> None:
                 f"{rep['min_iters']} exceeds repeat.iters={rep['iters']}; min_iters must be <= iters",
             )
         _check_excludes(sw, where)
+        _check_mask_fits(sw, where)
         if sw.cp is not None:
             _check_cp(spec, sw, where)
     if spec.check.get("max_seqlen", 1) < 16:
@@ -116,6 +117,29 @@ def _check_excludes(sw, where: str) -> None:
                     f"{where}.exclude.{j}.{key}",
                     f"{value!r} is not a value of this sweep's axis; allowed: {sorted(map(str, axis_values[key]))}",
                 )
+
+
+# Mask parameters that are lengths: a value beyond the sequence cannot mean what it says (a window
+# past the sequence is the full mask, a block past it leaves one block and density 1).
+LENGTH_PARAMS = ("window", "global_tokens", "prefix", "block", "min_block", "mean_block")
+
+
+def _check_mask_fits(sw, where: str) -> None:
+    """Every length-valued mask parameter fits each of the sweep's lengths it is measured at."""
+    for j, m in enumerate(sw.masks):
+        params = resolve_params(m.name, m.params_dict)
+        for key in LENGTH_PARAMS:
+            value = params.get(key)
+            if value is None:
+                continue
+            for i, s in enumerate(sw.seqlens):
+                if value > s and not _excluded_by_rule(sw, {"mask": m.name, "seqlen": s}):
+                    given = "" if key in m.params_dict else " (its default)"
+                    raise SpecError(
+                        f"{where}.masks.{j}.{key}",
+                        f"{value}{given} exceeds the sweep's length {s} (seqlens.{i}); allowed: at most the "
+                        f"sequence length, or exclude that length for this mask",
+                    )
 
 
 def _excluded_by_rule(sw, values: dict[str, Any]) -> bool:

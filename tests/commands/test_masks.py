@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from longca.cli import main
 from longca.masks import slices as sl
 
@@ -42,3 +44,15 @@ def test_draw_writes_an_svg(tmp_path, capsys):
     out = tmp_path / "m.svg"
     assert main(["masks", "draw", "share_question", "--seqlen", "2000", "--out", str(out), "--cells", "16"]) == 0
     assert out.read_text().lstrip().startswith("<svg")
+
+
+def test_lengths_are_written_as_in_specs(capsys):
+    import json
+
+    from longca.cli import main
+
+    assert main(["masks", "stats", "causal_document", "--seqlen", "32K", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["seqlen_q"] == 32768
+    with pytest.raises(SystemExit):
+        main(["masks", "stats", "causal", "--seqlen", "3Q"])
+    assert "'3Q' is not a length" in capsys.readouterr().err

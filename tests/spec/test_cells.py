@@ -100,7 +100,7 @@ def test_auto_balance_is_contiguous_without_a_ring():
 name: t
 device: cpu
 kernels: [naive]
-masks: [causal, full_document, full, prefix_lm_causal, causal_sliding_window]
+masks: [causal, full_document, full, prefix_lm_causal, {name: causal_sliding_window, window: 16}]
 seqlens: [64]
 heads: ["4:4"]
 head_dims: [16]

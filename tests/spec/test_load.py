@@ -158,6 +158,18 @@ BAD = [
         "sweeps.0.cp.balance",
         ["document", "block_sparse", "allowed"],
     ),
+    # a length-valued mask parameter past the sequence cannot mean what it says
+    (
+        spec_with(masks=[{"name": "sliding_window", "window": 100000}]),
+        "sweeps.0.masks.0.window",
+        ["100000", "exceeds the sweep's length 256", "allowed: at most the sequence length"],
+    ),
+    (spec_with(masks=[{"name": "block_sparse", "block": 512}]), "sweeps.0.masks.0.block", ["512", "256"]),
+    (
+        spec_with(masks=[{"name": "variable_block_sparse", "density": 0.5}]),
+        "sweeps.0.masks.0.mean_block",
+        ["512 (its default) exceeds the sweep's length 256"],
+    ),
     (spec_with(kernels=["naive", "naive"]), "sweeps.0.kernels", ["twice"]),
     (spec_with(sweeps=[{"name": "a"}, {"name": "a"}]), "sweeps.1.name", ["duplicate"]),
     (spec_with(sweeps=[{"name": "bad name!"}]), "sweeps.0.name", ["bad name!"]),
