@@ -1,0 +1,384 @@
+"""A/B verdicts between two result sets: which cells got faster, slower, stayed the same, or cannot
+be told apart from noise, with a confidence interval on every time ratio.
+
+Rows are matched by their axes (MATCH_ON: kernel, mask and its resolved parameters and draw,
+lengths, heads, head dims, dtype, pass, batch, world size, CP mechanism, degrees, balance), never by
+digest: a protocol or version change alters digests. Each side keeps its latest measurement of a
+cell (`longca.report.queries.supersede`, then the latest per axes).
+
+The ratio is NEW median time / BASE median time (> 1: slower). Its interval comes from the stored
+samples: each side's median gets a distribution-free interval from order statistics (the ranks
+n/2 -+ z sqrt(n)/2 of its sorted samples, z for 97.5% coverage; all samples when n <= 5), and the
+ratio's interval is [new low / base high, new high / base low], which covers the true ratio with
+at least 95% probability (Bonferroni over the two sides). Verdicts, with threshold t:
+
+    faster: interval below 1 - t;  slower: interval above 1 + t;  same: interval inside [1 - t, 1 + t];
+    noisy: the interval straddles 1 - t or 1 + t;  status changed: the two statuses differ;
+    only in base / only in new: no row on the other side.
+
+A row compared with the very same measurement (same run, cell digest and samples) is `same` with
+ratio 1 and interval [1, 1].
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow.parquet as pq
+
+from longca.report.load import read_tables
+from longca.report.queries import supersede
+from longca.store.schema import REQUIRED, SCHEMA_VERSION
+from longca.vocab import Status
+
+MATCH_ON = (
+    "kernel",
+    "mask",
+    "mask_params",
+    "mask_sample",
+    "seqlen_q",
+    "seqlen_k",
+    "batch",
+    "heads_q",
+    "heads_kv",
+    "head_dim",
+    "head_dim_v",
+    "dtype",
+    "pass",
+    "world_size",
+    "cp_mechanism",
+    "cp_degrees",
+    "cp_balance",
+)
+VERDICTS = ("faster", "slower", "same", "noisy", "status changed", "only in base", "only in new")
+ENV_FACTS = (
+    "device_name",
+    "driver",
+    "cuda",
+    "cudnn",
+    "torch",
+    "triton",
+    "packages",
+    "compute_capability",
+    "longca_version",
+    "git_commit",
+)
+Z_SIDE = 2.2414  # two-sided 97.5% normal quantile: each side's median interval, >= 95% jointly
+
+
+@dataclass
+class Comparison:
+    records: list[dict[str, Any]]  # one per matched key: axes, verdict, ratio, interval, statuses
+    summary: dict[str, Any]
+    environment: list[dict[str, Any]]  # facts that differ between the sides: fact, base, new
+
+
+def _files(path: Path) -> list[Path]:
+    if path.is_dir():
+        agg = path / "all.parquet"
+        return [agg] if agg.is_file() else sorted(path.rglob("*.parquet"))
+    if not path.exists():
+        raise FileNotFoundError(f"no such result set: {path}")
+    return [path]
+
+
+def load_side(path: str | Path) -> pl.DataFrame:
+    """The current rows of one result set (an aggregate, or a results folder), checked to be longca's."""
+    files = _files(Path(path))
+    if not files:
+        raise ValueError(f"{path}: no Parquet files (expected an aggregate such as results/<spec>/all.parquet)")
+    for f in files:
+        names = set(pq.read_schema(f).names)
+        missing = [c for c in REQUIRED if c not in names]
+        if missing:
+            raise ValueError(f"{f}: not a longca result table (missing columns {missing})")
+        versions = pq.read_table(f, columns=["schema_version"]).column("schema_version").drop_null().to_pylist()
+        newer = sorted({v for v in versions if v > SCHEMA_VERSION})
+        if newer:
+            raise ValueError(
+                f"{f}: schema_version {newer} is newer than this longca reads ({SCHEMA_VERSION}); update longca"
+            )
+    rows, _ = supersede(pl.from_arrow(read_tables(files)))
+    return rows.sort("timestamp", nulls_last=False).unique(subset=list(MATCH_ON), keep="last", maintain_order=True)
+
+
+def median_interval(samples: Sequence[float]) -> tuple[float, float, float]:
+    """(median, low, high): the median and its distribution-free interval (order statistics)."""
+    x = np.sort(np.asarray([s for s in samples if s is not None and math.isfinite(s)], dtype=float))
+    n = len(x)
+    if n == 0:
+        return math.nan, math.nan, math.nan
+    med = float(np.median(x))
+    if n <= 5:
+        return med, float(x[0]), float(x[-1])
+    half = Z_SIDE * math.sqrt(n) / 2
+    lo = max(0, math.floor(n / 2 - half))
+    hi = min(n - 1, math.ceil(n / 2 + half) - 1)
+    return med, float(x[lo]), float(x[hi])
+
+
+def ratio_interval(base: Sequence[float], new: Sequence[float]) -> tuple[float, float, float]:
+    """(ratio of medians new / base, low, high)."""
+    b, b_lo, b_hi = median_interval(base)
+    n, n_lo, n_hi = median_interval(new)
+    if not (b > 0 and b_lo > 0):
+        return math.nan, math.nan, math.nan
+    return n / b, n_lo / b_hi, n_hi / b_lo
+
+
+def verdict(ratio: float, low: float, high: float, threshold: float) -> str:
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return "noisy"
+    if high < 1 - threshold:
+        return "faster"
+    if low > 1 + threshold:
+        return "slower"
+    if low >= 1 - threshold and high <= 1 + threshold:
+        return "same"
+    return "noisy"
+
+
+def _samples(row: dict[str, Any]) -> list[float]:
+    s = row.get("samples_ms")
+    if s:
+        return list(s)
+    return [row["median_ms"]] if row.get("median_ms") is not None else []
+
+
+def compare(base: str | Path, new: str | Path, threshold: float = 0.03) -> Comparison:
+    """Match two result sets by axes and give every cell its verdict."""
+    if not 0 < threshold < 1:
+        raise ValueError(f"--threshold {threshold}: allowed: a fraction between 0 and 1, e.g. 0.03")
+    a, b = load_side(base), load_side(new)
+    keys = list(MATCH_ON)
+    joined = a.join(b, on=keys, how="full", nulls_equal=True, suffix="_new", coalesce=True)
+    if joined.height and a.join(b, on=keys, how="inner", nulls_equal=True).height == 0:
+        raise ValueError(
+            f"nothing matched: no cell of {base} has the axes of a cell of {new} (matched on {', '.join(MATCH_ON)})"
+        )
+    records = []
+    for row in joined.iter_rows(named=True):
+        rec: dict[str, Any] = {k: row[k] for k in keys}
+        s_base, s_new = row.get("status"), row.get("status_new")
+        rec.update(
+            status_base=s_base,
+            status_new=s_new,
+            ratio=None,
+            ratio_ci_low=None,
+            ratio_ci_high=None,
+            median_ms_base=row.get("median_ms"),
+            median_ms_new=row.get("median_ms_new"),
+            device_base=row.get("device_name"),
+            device_new=row.get("device_name_new"),
+            cell_id=row.get("cell_id_new") or row.get("cell_id"),
+        )
+        if s_base is None:
+            rec["verdict"] = "only in new"
+        elif s_new is None:
+            rec["verdict"] = "only in base"
+        elif s_base != s_new:
+            rec["verdict"] = "status changed"
+        elif s_base != Status.OK:
+            rec["verdict"] = "same"  # both failed alike (e.g. unsupported on both)
+        else:
+            base_samples = _samples(row)
+            new_samples = _samples({"samples_ms": row.get("samples_ms_new"), "median_ms": row.get("median_ms_new")})
+            identical = (
+                row.get("run_id") == row.get("run_id_new")
+                and row.get("cell_digest") == row.get("cell_digest_new")
+                and base_samples == new_samples
+            )
+            r, lo, hi = (1.0, 1.0, 1.0) if identical else ratio_interval(base_samples, new_samples)
+            rec.update(ratio=r, ratio_ci_low=lo, ratio_ci_high=hi, verdict=verdict(r, lo, hi, threshold))
+        records.append(rec)
+    records.sort(
+        key=lambda r: (
+            -abs(math.log(r["ratio"])) if r["ratio"] and r["ratio"] > 0 else 0.0,
+            r["kernel"] or "",
+            r["mask"] or "",
+        )
+    )
+    return Comparison(records, _summary(records, threshold, base, new), _environment(a, b))
+
+
+def _summary(records: list[dict[str, Any]], threshold: float, base, new) -> dict[str, Any]:
+    def counts(by: str | None) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for r in records:
+            slot = out.setdefault(r[by], {}) if by else out
+            slot[r["verdict"]] = slot.get(r["verdict"], 0) + 1
+        return out
+
+    return {
+        "base": str(base),
+        "new": str(new),
+        "threshold": threshold,
+        "matched_on": list(MATCH_ON),
+        "rows": len(records),
+        "verdicts": counts(None),
+        "by_kernel": counts("kernel"),
+        "by_mask": counts("mask"),
+    }
+
+
+def _environment(a: pl.DataFrame, b: pl.DataFrame) -> list[dict[str, Any]]:
+    """Environment facts (and SM clocks) whose values differ between the sides."""
+    out = []
+    for fact in ENV_FACTS:
+        va = sorted({str(v) for v in a.get_column(fact).drop_nulls().to_list()}) if fact in a.columns else []
+        vb = sorted({str(v) for v in b.get_column(fact).drop_nulls().to_list()}) if fact in b.columns else []
+        if va != vb:
+            out.append({"fact": fact, "base": ", ".join(va), "new": ", ".join(vb)})
+    clocks = [_clocks(a), _clocks(b)]
+    if clocks[0] != clocks[1]:
+        out.append({"fact": "SM clock at the end of ok rows", "base": clocks[0], "new": clocks[1]})
+    return out
+
+
+def _clocks(frame: pl.DataFrame) -> str:
+    values = frame.filter(pl.col("status") == Status.OK).get_column("clock_end_mhz").drop_nulls()
+    return f"median {values.median():.0f} MHz, min {values.min()} MHz" if len(values) else ""
+
+
+def write_json(c: Comparison, path: str | Path) -> None:
+    Path(path).write_text(
+        json.dumps({"summary": c.summary, "environment": c.environment, "rows": c.records}, indent=1, default=str),
+        encoding="utf-8",
+    )
+
+
+def summary_text(c: Comparison) -> str:
+    s = c.summary
+    lines = [
+        f"compared {s['rows']} cells of {s['base']} (base) and {s['new']} (new), threshold "
+        f"{s['threshold']:.0%}; matched on {', '.join(s['matched_on'])}",
+        "verdicts: " + ", ".join(f"{v} {s['verdicts'][v]}" for v in VERDICTS if v in s["verdicts"]),
+    ]
+    for r in [r for r in c.records if r["verdict"] in ("slower", "faster")][:10]:
+        lines.append(
+            f"  {r['verdict']:6} x{r['ratio']:.3f} [{r['ratio_ci_low']:.3f}, {r['ratio_ci_high']:.3f}]  {r['cell_id']}"
+        )
+    for e in c.environment:
+        lines.append(f"  environment: {e['fact']}: base {e['base'] or '-'} | new {e['new'] or '-'}")
+    return "\n".join(lines)
+
+
+PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>longca compare</title>
+<link rel="stylesheet" href="{css}"><style>
+td.faster {{ background: #e8f5e9; }} td.slower {{ background: #ffebee; }} td.noisy {{ background: #fffde7; }}
+td.status-changed {{ background: #fff3e0; }}
+</style></head><body>
+<header><span class="title">longca compare</span></header>
+<main><h1>{base} &rarr; {new}</h1>
+<p class="note">Time ratio new / base of each cell's median (&gt; 1: slower), with an interval of at least 95%
+from the stored samples; verdicts at a threshold of {threshold}. Matched on {matched}.</p>
+<h2>Verdicts</h2>{counts}
+<h2>Environment that differs</h2>{env}
+<h2>Cells</h2>
+<p>kernel <select id="f-kernel"><option value="">all</option>{kernels}</select>
+mask <select id="f-mask"><option value="">all</option>{masks}</select>
+verdict <select id="f-verdict"><option value="">all</option>{verdicts}</select></p>
+<table id="cells"><thead><tr>{head}</tr></thead><tbody>
+{rows}
+</tbody></table>
+<script>
+(function () {{
+  var ids = ["kernel", "mask", "verdict"];
+  function apply() {{
+    var want = ids.map(function (k) {{ return document.getElementById("f-" + k).value; }});
+    Array.prototype.forEach.call(document.querySelectorAll("#cells tbody tr"), function (tr) {{
+      var show = ids.every(function (k, i) {{ return !want[i] || tr.getAttribute("data-" + k) === want[i]; }});
+      tr.style.display = show ? "" : "none";
+    }});
+  }}
+  ids.forEach(function (k) {{ document.getElementById("f-" + k).addEventListener("change", apply); }});
+}})();
+</script>
+</main></body></html>
+"""
+COLUMNS = (
+    "verdict",
+    "ratio",
+    "ratio_ci_low",
+    "ratio_ci_high",
+    "median_ms_base",
+    "median_ms_new",
+    "status_base",
+    "status_new",
+    "kernel",
+    "mask",
+    "seqlen_q",
+    "heads_q",
+    "heads_kv",
+    "head_dim",
+    "dtype",
+    "pass",
+    "world_size",
+    "cp_mechanism",
+    "mask_sample",
+    "cell_id",
+)
+
+
+def write_html(c: Comparison, out_dir: str | Path, css: str = "assets/style.css") -> Path:
+    """One page in the report's style: verdict counts, the environment diff, every cell sorted by
+    effect with filters by kernel, mask and verdict. Every text from the rows is escaped."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    esc = html.escape
+
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return "" if v is None else esc(str(v))
+
+    def table(rows: list[list[Any]], head: list[str]) -> str:
+        body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in r) + "</tr>" for r in rows)
+        return (
+            f"<table><thead><tr>{''.join(f'<th>{esc(h)}</th>' for h in head)}</tr></thead><tbody>{body}</tbody></table>"
+        )
+
+    s = c.summary
+    counts = table([[v, s["verdicts"].get(v, 0)] for v in VERDICTS], ["verdict", "cells"])
+    env = (
+        table([[e["fact"], e["base"], e["new"]] for e in c.environment], ["fact", "base", "new"])
+        if c.environment
+        else "<p>None of the recorded facts differ.</p>"
+    )
+    options = {k: sorted({str(r[k]) for r in c.records if r[k] is not None}) for k in ("kernel", "mask", "verdict")}
+    rows = []
+    for r in c.records:
+        attrs = " ".join(f'data-{k}="{esc(str(r[k]))}"' for k in ("kernel", "mask", "verdict"))
+        tds = "".join(
+            f'<td class="{esc(r["verdict"].replace(" ", "-"))}">{cell(r[k])}</td>'
+            if k == "verdict"
+            else f"<td>{cell(r[k])}</td>"
+            for k in COLUMNS
+        )
+        rows.append(f"<tr {attrs}>{tds}</tr>")
+    page = PAGE.format(
+        css=esc(css),
+        base=esc(s["base"]),
+        new=esc(s["new"]),
+        threshold=f"{s['threshold']:.0%}",
+        matched=esc(", ".join(s["matched_on"])),
+        counts=counts,
+        env=env,
+        kernels="".join(f"<option>{esc(k)}</option>" for k in options["kernel"]),
+        masks="".join(f"<option>{esc(k)}</option>" for k in options["mask"]),
+        verdicts="".join(f"<option>{esc(k)}</option>" for k in options["verdict"]),
+        head="".join(f"<th>{esc(h)}</th>" for h in COLUMNS),
+        rows="\n".join(rows),
+    )
+    path = out / "index.html"
+    path.write_text(page, encoding="utf-8")
+    return path

@@ -1,0 +1,160 @@
+"""`longca compare`: A/B verdicts on constructed result sets (every verdict, the interval, the
+environment diff, bad input) and on the published H200 set against itself."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from longca.cli import main
+from longca.report.compare import compare, median_interval, ratio_interval
+from longca.store.schema import to_table
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _row(kernel: str, mask: str, seqlen: int, samples: list[float], status: str = "ok", **extra) -> dict:
+    row = dict(
+        kernel=kernel,
+        mask=mask,
+        mask_params="{}",
+        mask_sample=0,
+        pass_="fwd",
+        seqlen_q=seqlen,
+        seqlen_k=seqlen,
+        batch=1,
+        heads_q=8,
+        heads_kv=8,
+        head_dim=64,
+        head_dim_v=64,
+        dtype="bfloat16",
+        world_size=1,
+        status=status,
+        reason=None if status == "ok" else "why",
+        samples_ms=samples,
+        median_ms=float(sorted(samples)[len(samples) // 2]) if samples else None,
+        p20_ms=None,
+        p80_ms=None,
+        tflops=1.0,
+        mask_area=seqlen * seqlen,
+        peak_mem_bytes=1,
+        device_name="GPU A",
+        torch="2.11.0",
+        run_id="r1",
+        cell_id=f"{kernel}/{mask}/{seqlen}@d{seqlen}",
+        cell_digest=f"d{kernel}{mask}{seqlen}",
+        spec="s",
+        sweep="w",
+    )
+    row["pass"] = row.pop("pass_")
+    row.update(extra)
+    return row
+
+
+def _base() -> list[dict]:
+    tight = [1.000 + 0.001 * i for i in range(20)]  # +-1% spread: 20 samples
+    return [
+        _row(k, m, s, [x * s / 1024 for x in tight])
+        for k in ("fa4", "flex")
+        for m in ("full", "causal")
+        for s in (1024, 4096)
+    ] + [_row("naive", "full", 65536, [], status="oom")]
+
+
+def _write(tmp_path: Path, name: str, rows: list[dict]) -> Path:
+    path = tmp_path / f"{name}.parquet"
+    pq.write_table(to_table(rows), path)
+    return path
+
+
+def test_the_median_interval_is_distribution_free_and_the_ratio_interval_brackets_the_ratio():
+    med, lo, hi = median_interval([5.0, 1.0, 3.0])
+    assert (med, lo, hi) == (3.0, 1.0, 5.0)  # n <= 5: the whole range
+    xs = list(range(1, 101))
+    med, lo, hi = median_interval(xs)
+    assert lo < med < hi and 35 <= lo <= 45 and 56 <= hi <= 66
+    r, lo, hi = ratio_interval(xs, [2 * x for x in xs])
+    assert lo < r < hi and r == pytest.approx(2.0, rel=0.02)
+
+
+def test_a_set_against_itself_is_all_same(tmp_path):
+    base = _write(tmp_path, "base", _base())
+    result = compare(base, base)
+    assert {r["verdict"] for r in result.records} == {"same"} and result.summary["verdicts"] == {"same": 9}
+    assert all(r["ratio"] in (None, 1.0) for r in result.records) and result.environment == []
+
+
+def test_exactly_the_cell_made_10_percent_slower_is_slower_and_fails_the_gate(tmp_path, capsys):
+    rows = _base()
+    base = _write(tmp_path, "base", rows)
+    slow = [dict(r, run_id="r2") for r in rows]  # a re-run: a new measurement of every cell
+    slow[3] = dict(slow[3], samples_ms=[x * 1.10 for x in slow[3]["samples_ms"]])
+    new = _write(tmp_path, "new", slow)
+    out = tmp_path / "out.json"
+    assert main(["compare", str(base), str(new), "--json", str(out), "--fail-on", "slower"]) == 1
+    data = json.loads(out.read_text())
+    by_verdict = {}
+    for rec in data["rows"]:
+        by_verdict.setdefault(rec["verdict"], []).append(rec)
+    assert [(r["kernel"], r["mask"], r["seqlen_q"]) for r in by_verdict["slower"]] == [("fa4", "causal", 4096)]
+    slow_rec = by_verdict["slower"][0]
+    assert 1.05 < slow_rec["ratio_ci_low"] <= slow_rec["ratio"] <= slow_rec["ratio_ci_high"]
+    assert slow_rec["ratio"] == pytest.approx(1.10, rel=1e-3)
+    assert set(by_verdict) == {"slower", "same"}  # the other re-measured cells: the same samples
+    assert data["summary"]["by_kernel"]["fa4"]["slower"] == 1 and "matched_on" in data["summary"]
+    assert "failing: 1 slower" in capsys.readouterr().out
+    assert main(["compare", str(base), str(new)]) == 0  # without the gate: a report, exit 0
+
+
+def test_noise_status_changes_one_sided_cells_and_the_environment_diff(tmp_path):
+    rows = _base()
+    base = _write(tmp_path, "base", rows)
+    changed = [dict(r, run_id="r2", torch="2.12.0") for r in rows[:-1]]
+    changed[0] = dict(
+        changed[0], samples_ms=[x * (1.0 + 0.05 * (i % 2)) for i, x in enumerate(changed[0]["samples_ms"])]
+    )
+    changed[1] = dict(changed[1], status="oom", samples_ms=[], reason="CUDA out of memory")
+    changed[2] = dict(changed[2], samples_ms=[x * 0.8 for x in changed[2]["samples_ms"]])
+    changed.append(_row("fa4", "causal", 16384, [9.0] * 5, torch="2.12.0"))  # a cell the base lacks
+    new = _write(tmp_path, "new", changed)
+    result = compare(base, new)
+    verdicts = {(r["kernel"], r["mask"], r["seqlen_q"]): r["verdict"] for r in result.records}
+    assert verdicts[("fa4", "full", 1024)] == "noisy"  # the interval straddles 1.03
+    assert verdicts[("fa4", "full", 4096)] == "status changed"
+    assert verdicts[("fa4", "causal", 1024)] == "faster"
+    assert verdicts[("fa4", "causal", 16384)] == "only in new"
+    assert verdicts[("naive", "full", 65536)] == "only in base"
+    assert {"fact": "torch", "base": "2.11.0", "new": "2.12.0"} in result.environment
+    page = Path(result and tmp_path) / "page"
+    from longca.report.compare import write_html
+
+    html = write_html(result, page).read_text()
+    assert "2.12.0" in html and 'data-verdict="faster"' in html and '<select id="f-kernel">' in html
+
+
+def test_bad_input_is_named(tmp_path):
+    base = _write(tmp_path, "base", _base())
+    other = tmp_path / "other.parquet"
+    pq.write_table(pq.read_table(base).select(["kernel", "mask"]), other)
+    with pytest.raises(ValueError, match="not a longca result table"):
+        compare(base, other)
+    newer = tmp_path / "newer.parquet"
+    pq.write_table(to_table([dict(r, schema_version=99) for r in _base()]), newer)
+    with pytest.raises(ValueError, match="newer than this longca reads"):
+        compare(base, newer)
+    elsewhere = _write(tmp_path, "elsewhere", [_row("fa4", "full", 123, [1.0])])
+    with pytest.raises(ValueError, match="nothing matched"):
+        compare(base, elsewhere)
+    with pytest.raises(ValueError, match="threshold"):
+        compare(base, base, threshold=3)
+
+
+def test_the_published_set_against_itself_is_all_same():
+    published = ROOT / "results" / "h200" / "all.parquet"
+    result = compare(published, published)
+    assert result.summary["verdicts"] == {"same": len(result.records)} and len(result.records) > 5000
+    assert not [r for r in result.records if r["ratio"] is not None and not math.isclose(r["ratio"], 1.0)]
