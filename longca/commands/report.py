@@ -41,6 +41,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="one CP rank's local work timed on one GPU (benchmarks/cp_rank_local.py's output), tabled "
         "on the CP page (repeatable)",
     )
+    p.add_argument(
+        "--link",
+        action="append",
+        default=[],
+        metavar="TEXT=PATH",
+        help="a page beside the report to link from its Environment page (repeatable), e.g. a "
+        "`longca compare --html` page written under the report folder",
+    )
     p.add_argument("--spec", metavar="SPEC.yaml", help="the spec that produced the rows, shown on the provenance page")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory, e.g. reports/<spec>/")
     p.add_argument("--title", help="site title (default: 'longca: <spec>')")
@@ -65,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
         title=args.title,
         png=not args.no_png,
         static_exports=not args.no_exports,
+        links=[_link(text) for text in args.link],
         peers_path=args.peers,
         probe=args.probe,
         fidelity_checks=args.fidelity,
@@ -75,3 +84,10 @@ def run(args: argparse.Namespace) -> int:
         f"in {built.timings['total']:.1f} s; open {built.out / 'index.html'}"
     )
     return 0
+
+
+def _link(text: str) -> tuple[str, str]:
+    label, sep, path = text.rpartition("=")
+    if not sep or not label or not path:
+        raise ValueError(f"--link {text!r}: expected TEXT=PATH (PATH relative to the report folder)")
+    return path, label

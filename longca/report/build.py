@@ -547,6 +547,7 @@ def _provenance_page(
     checks: Sequence[Path] = (),
     local_files: Sequence[Path] = (),
     static_exports: bool = True,
+    links: Sequence[tuple[str, str]] = (),
 ) -> Page:
     page = Page("environment.html", "Environment & data", "Environment, provenance and downloads")
     page.h2("Where the numbers came from")
@@ -561,6 +562,9 @@ def _provenance_page(
     )
     page.p("As CSV (the per-iteration samples are most of the bytes; leave them out):")
     page.pre("duckdb -c \"COPY (SELECT * EXCLUDE (samples_ms) FROM 'data/all.parquet') TO 'all.csv'\"")
+    if links:
+        page.h2("Comparisons and other pages")
+        page.links(list(links))
     page.h2("Reproduce")
     cmd = [
         "longca",
@@ -577,6 +581,8 @@ def _provenance_page(
         cmd += ["--title", title]
     if not static_exports:
         cmd += ["--no-exports"]
+    for path, text in links:
+        cmd += ["--link", f"{text}={path}"]
     page.p("Rebuild these pages from the same rows:")
     page.pre(shlex.join(cmd))
     if spec is not None:
@@ -655,9 +661,12 @@ def build_report(
     fidelity_checks: Sequence[str | Path] = (),
     cp_local_runs: Sequence[str | Path] = (),
     static_exports: bool = True,
+    links: Sequence[tuple[str, str]] = (),
 ) -> Built:
     """Write the whole static site for the rows in `data` under `out`; returns what was written.
 
+    `links`: (path relative to `out`, text) of pages beside the report (e.g. `longca compare --html`),
+    linked from the Environment page; each must exist when the report is built.
     `static_exports`: also write charts/<id>.{svg,png,vl.json,csv} (PNG unless `png` is False) for
     scripts and papers; the pages offer the same downloads from the drawn chart either way.
 
@@ -672,6 +681,9 @@ def build_report(
     spec_path = Path(spec) if spec is not None else None
     if spec_path is not None and not spec_path.is_file():
         raise FileNotFoundError(f"no such spec file: {spec_path}")
+    for path, _ in links:
+        if not (out / path).is_file():
+            raise FileNotFoundError(f"--link {path}: no such file under {out} (write the page there first)")
     table, rows = load.read_rows(data)
     rows, superseded = queries.supersede(rows)  # cells measured again under a newer protocol
     probe = [Path(p) for p in probe]
@@ -741,6 +753,7 @@ def build_report(
             check_files,
             local_files,
             static_exports,
+            links,
         ),
     ]
     if mask_pages:

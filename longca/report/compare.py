@@ -34,6 +34,7 @@ import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 
+from longca.report.assets import CSS
 from longca.report.load import read_tables
 from longca.report.queries import supersede
 from longca.store.schema import REQUIRED, SCHEMA_VERSION
@@ -273,7 +274,8 @@ def summary_text(c: Comparison) -> str:
 
 PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>longca compare</title>
-<link rel="stylesheet" href="{css}"><style>
+<style>{css}
+
 td.faster {{ background: #e8f5e9; }} td.slower {{ background: #ffebee; }} td.noisy {{ background: #fffde7; }}
 td.status-changed {{ background: #fff3e0; }}
 </style></head><body>
@@ -305,6 +307,7 @@ verdict <select id="f-verdict"><option value="">all</option>{verdicts}</select><
 </script>
 </main></body></html>
 """
+ONE_SIDED_SHOWN = 500  # more cells on one side only are counted, not listed, on the page
 COLUMNS = (
     "verdict",
     "ratio",
@@ -329,7 +332,7 @@ COLUMNS = (
 )
 
 
-def write_html(c: Comparison, out_dir: str | Path, css: str = "assets/style.css") -> Path:
+def write_html(c: Comparison, out_dir: str | Path) -> Path:
     """One page in the report's style: verdict counts, the environment diff, every cell sorted by
     effect with filters by kernel, mask and verdict. Every text from the rows is escaped."""
     out = Path(out_dir)
@@ -356,7 +359,9 @@ def write_html(c: Comparison, out_dir: str | Path, css: str = "assets/style.css"
     )
     options = {k: sorted({str(r[k]) for r in c.records if r[k] is not None}) for k in ("kernel", "mask", "verdict")}
     rows = []
-    for r in c.records:
+    one_sided = [r for r in c.records if r["verdict"] in ("only in base", "only in new")]
+    shown = c.records if len(one_sided) <= ONE_SIDED_SHOWN else [r for r in c.records if r["verdict"] in VERDICTS[:5]]
+    for r in shown:
         attrs = " ".join(f'data-{k}="{esc(str(r[k]))}"' for k in ("kernel", "mask", "verdict"))
         tds = "".join(
             f'<td class="{esc(r["verdict"].replace(" ", "-"))}">{cell(r[k])}</td>'
@@ -365,8 +370,13 @@ def write_html(c: Comparison, out_dir: str | Path, css: str = "assets/style.css"
             for k in COLUMNS
         )
         rows.append(f"<tr {attrs}>{tds}</tr>")
+    if len(shown) < len(c.records):
+        counts += (
+            f'<p class="note">The {len(one_sided)} cells on one side only are counted above and listed '
+            f"in the JSON output (--json), not below.</p>"
+        )
     page = PAGE.format(
-        css=esc(css),
+        css=CSS,
         base=esc(s["base"]),
         new=esc(s["new"]),
         threshold=f"{s['threshold']:.0%}",

@@ -431,3 +431,17 @@ def test_committed_reports_link_only_to_files_they_hold() -> None:
         if not target.startswith(("http:", "https:", "data:", "mailto:")) and not (site / target).exists()
     ]
     assert missing == []
+
+
+def test_pages_beside_the_report_are_linked_only_when_they_exist(tmp_path: Path, rows_path: Path) -> None:
+    import pytest
+
+    from longca.report import build_report
+
+    (tmp_path / "site" / "compare").mkdir(parents=True)
+    (tmp_path / "site" / "compare" / "index.html").write_text("<html></html>")
+    build_report([rows_path], tmp_path / "site", static_exports=False, links=[("compare/index.html", "A vs B")])
+    html = (tmp_path / "site" / "environment.html").read_text()
+    assert '<a href="compare/index.html">A vs B</a>' in html and "--link" in html
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        build_report([rows_path], tmp_path / "site", static_exports=False, links=[("missing.html", "gone")])
