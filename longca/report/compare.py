@@ -37,6 +37,7 @@ import pyarrow.parquet as pq
 from longca.report.assets import CSS
 from longca.report.load import read_tables
 from longca.report.queries import supersede
+from longca.report.repro import repro_command
 from longca.store.schema import REQUIRED, SCHEMA_VERSION
 from longca.vocab import Status
 
@@ -181,6 +182,10 @@ def compare(base: str | Path, new: str | Path, threshold: float = 0.03) -> Compa
             device_new=row.get("device_name_new"),
             cell_id=row.get("cell_id_new") or row.get("cell_id"),
         )
+        spec, sweep = (
+            (row.get("spec_new"), row.get("sweep_new")) if s_new is not None else (row.get("spec"), row.get("sweep"))
+        )
+        rec["repro"] = repro_command({**rec, "spec": spec, "sweep": sweep}) if spec and sweep else None
         if s_base is None:
             rec["verdict"] = "only in new"
         elif s_new is None:
@@ -329,6 +334,7 @@ COLUMNS = (
     "cp_mechanism",
     "mask_sample",
     "cell_id",
+    "repro",
 )
 
 

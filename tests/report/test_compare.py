@@ -158,3 +158,42 @@ def test_the_published_set_against_itself_is_all_same():
     result = compare(published, published)
     assert result.summary["verdicts"] == {"same": len(result.records)} and len(result.records) > 5000
     assert not [r for r in result.records if r["ratio"] is not None and not math.isclose(r["ratio"], 1.0)]
+
+
+def test_every_matched_cell_carries_the_command_that_measures_it_again(tmp_path):
+    """The repro command selects exactly the row's cell of its spec (`longca run --only ...`)."""
+    import shlex
+
+    from longca.report.repro import repro_command
+    from longca.spec.cells import expand
+    from longca.spec.load import load_spec
+    from longca.spec.select import selector
+
+    cells = expand(load_spec(ROOT / "specs" / "default.yaml"))
+    for cell in (cells[0], next(c for c in cells if c.cp_mechanism)):
+        row = {
+            "spec": cell.spec,
+            "sweep": cell.sweep,
+            "kernel": cell.kernel,
+            "mask": cell.mask,
+            "seqlen_q": cell.seqlen,
+            "heads_q": cell.heads_q,
+            "heads_kv": cell.heads_kv,
+            "head_dim": cell.head_dim,
+            "dtype": cell.dtype,
+            "pass": cell.pass_,
+            "batch": cell.batch,
+            "cp_mechanism": cell.cp_mechanism,
+            "world_size": cell.world_size,
+        }
+        args = shlex.split(repro_command(row))
+        assert args[:6] == ["longca", "run", "--spec", "specs/default.yaml", "--sweep", cell.sweep]
+        only = [args[i + 1] for i, a in enumerate(args) if a == "--only"]
+        chosen = [c for c in cells if selector(only, [cell.sweep])(c)]
+        assert cell in chosen and {(c.mask_variant, c.cp_variant) for c in chosen} >= {
+            (cell.mask_variant, cell.cp_variant)
+        }
+        assert {c.partition[1:] == cell.partition[1:] for c in chosen} == {True}
+    base = _write(tmp_path, "base", _base())
+    rec = compare(base, base).records[0]
+    assert rec["repro"].startswith("longca run --spec specs/s.yaml --sweep w --only kernel=")
