@@ -197,3 +197,37 @@ def test_every_matched_cell_carries_the_command_that_measures_it_again(tmp_path)
     base = _write(tmp_path, "base", _base())
     rec = compare(base, base).records[0]
     assert rec["repro"].startswith("longca run --spec specs/s.yaml --sweep w --only kernel=")
+
+
+def test_a_published_cell_made_10_percent_slower_is_the_one_slower_cell(tmp_path):
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    published = pq.read_table(ROOT / "results" / "h200" / "all.parquet")
+    ok = pc.equal(published["status"], "ok")
+    counts = pc.list_value_length(published["samples_ms"]).fill_null(0)
+    victim = int(pc.index(pc.if_else(ok, counts, 0), pc.max(pc.if_else(ok, counts, 0))).as_py())
+    samples = published["samples_ms"].to_pylist()
+    samples[victim] = [x * 1.10 for x in samples[victim]]
+    copy = published.set_column(
+        published.schema.get_field_index("samples_ms"),
+        "samples_ms",
+        pa.array(samples, type=published.schema.field("samples_ms").type),
+    )
+    pq.write_table(copy, tmp_path / "slower.parquet")
+    out = tmp_path / "out.json"
+    code = main(
+        [
+            "compare",
+            str(ROOT / "results" / "h200" / "all.parquet"),
+            str(tmp_path / "slower.parquet"),
+            "--json",
+            str(out),
+            "--fail-on",
+            "slower",
+        ]
+    )
+    rows = json.loads(out.read_text())["rows"]
+    slower = [r for r in rows if r["verdict"] == "slower"]
+    assert code == 1 and len(slower) == 1 and slower[0]["cell_id"] == published["cell_id"][victim].as_py()
+    assert {r["verdict"] for r in rows} == {"same", "slower"}
