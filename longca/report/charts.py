@@ -15,6 +15,7 @@ import altair as alt
 import polars as pl
 
 from longca.report import queries
+from longca.report.repro import repro_expression
 
 W, H = 260, 180
 DATASET = "rows"
@@ -66,7 +67,14 @@ TOOLTIP = (
     "machine",
     "run_ids",
     "cell_id",
+    "spec",
+    "sweep",
 )
+
+
+# The command that measures a drawn cell again, computed in the page from the row's fields (no
+# bytes in data.js): every tooltip shows it. Peer figures (no spec) get none.
+REPRO_EXPR = repro_expression()
 
 
 @dataclass
@@ -90,6 +98,7 @@ class ChartSpec:
         """
         spec = self.chart.to_dict(validate=False)
         spec["datasets"] = {DATASET: self.values}
+        spec["transform"] = [{"calculate": REPRO_EXPR, "as": "repro"}, *spec.get("transform", [])]
         return spec
 
 

@@ -13,25 +13,43 @@ import polars as pl
 
 from longca.report.load import read_tables
 
+# `--only` keys and the row columns they take, in the command's order (heads joins two columns)
+ONLY = (
+    ("kernel", ("kernel",)),
+    ("mask", ("mask",)),
+    ("seqlen", ("seqlen_q",)),
+    ("heads", ("heads_q", "heads_kv")),
+    ("head_dim", ("head_dim",)),
+    ("dtype", ("dtype",)),
+    ("pass", ("pass",)),
+    ("batch", ("batch",)),
+)
+CP_ONLY = (("cp_mechanism", ("cp_mechanism",)), ("world_size", ("world_size",)))
+
 
 def repro_command(row: dict[str, Any]) -> str:
     """`longca run --spec specs/<spec>.yaml --sweep <sweep> --only ...` for the row's cell."""
-    only = [
-        f"kernel={row['kernel']}",
-        f"mask={row['mask']}",
-        f"seqlen={row['seqlen_q']}",
-        f"heads={row['heads_q']}:{row['heads_kv']}",
-        f"head_dim={row['head_dim']}",
-        f"dtype={row['dtype']}",
-        f"pass={row['pass']}",
-        f"batch={row['batch']}",
-    ]
-    if row.get("cp_mechanism"):
-        only += [f"cp_mechanism={row['cp_mechanism']}", f"world_size={row['world_size']}"]
     args = ["longca", "run", "--spec", f"specs/{row['spec']}.yaml", "--sweep", str(row["sweep"])]
-    for o in only:
-        args += ["--only", o]
+    for key, columns in ONLY + (CP_ONLY if row.get("cp_mechanism") else ()):
+        args += ["--only", f"{key}=" + ":".join(str(row[c]) for c in columns)]
     return shlex.join(args)
+
+
+def repro_expression() -> str:
+    """The same command as a Vega expression over a drawn row (`datum`), for chart tooltips; null for
+    rows without a spec (peer figures). Names and values here need no shell quoting."""
+
+    def only(pairs) -> str:
+        parts = []
+        for key, columns in pairs:
+            value = " + ':' + ".join(f"datum['{c}']" for c in columns)
+            parts.append(f"' --only {key}=' + {value}")
+        return " + ".join(parts)
+
+    return (
+        f"datum.spec && datum.sweep ? 'longca run --spec specs/' + datum.spec + '.yaml --sweep ' + datum.sweep"
+        f" + {only(ONLY)} + (datum.cp_mechanism ? {only(CP_ONLY)} : '') : null"
+    )
 
 
 def find_rows(cell: str, paths: Sequence[str] = ()) -> list[dict[str, Any]]:

@@ -41,3 +41,52 @@ def test_every_page_loads_and_renders(site: Path, tmp_path_factory: pytest.TempP
     keep = Path(__file__).resolve().parents[2] / "reports" / "test-overview.png"
     shutil.copyfile(shot, keep)  # reports/ is ignored by git: a place to look at it after CI
     print(f"overview screenshot: {shot} (copy: {keep})")
+
+
+def test_the_tooltip_repro_command_is_the_one_longca_repro_prints() -> None:
+    """The charts' Vega expression (valid JavaScript) gives, for a drawn row, the exact command of
+    longca.report.repro.repro_command: evaluated here in Chromium, single-device and CP rows."""
+    from longca.report.repro import repro_command, repro_expression
+
+    rows = [
+        {
+            "spec": "h200",
+            "sweep": "dense",
+            "kernel": "fa4",
+            "mask": "causal",
+            "seqlen_q": 32768,
+            "heads_q": 64,
+            "heads_kv": 8,
+            "head_dim": 128,
+            "dtype": "bfloat16",
+            "pass": "bwd",
+            "batch": 1,
+        },
+        {
+            "spec": "h200-cp",
+            "sweep": "cp_goal",
+            "kernel": "sdpa_cudnn",
+            "mask": "full",
+            "seqlen_q": 65536,
+            "heads_q": 64,
+            "heads_kv": 8,
+            "head_dim": 128,
+            "dtype": "bfloat16",
+            "pass": "fwd",
+            "batch": 1,
+            "cp_mechanism": "ring_p2p",
+            "world_size": 2,
+        },
+    ]
+    browser = Browser()
+    try:
+        target = browser.send("Target.createTarget", url="about:blank")["targetId"]
+        session = browser.send("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
+        for row in rows:
+            expr = f"(function (datum) {{ return {repro_expression()}; }})({json.dumps(row)})"
+            got = browser.send("Runtime.evaluate", session, expression=expr)["result"]["value"]
+            assert got == repro_command(row)
+        peer = f"(function (datum) {{ return {repro_expression()}; }})({{}})"
+        assert browser.send("Runtime.evaluate", session, expression=peer)["result"].get("value") is None
+    finally:
+        browser.close()
