@@ -2,6 +2,8 @@
 #   snakemake --cores 2                                  (runs specs/default.yaml)
 #   snakemake --cores 2 --config spec=specs/other.yaml  (any spec)
 #   snakemake --profile profiles/slurm --config spec=... (a SLURM cluster)
+from pathlib import Path
+
 from snakemake.utils import min_version
 
 min_version("9.0")
@@ -23,6 +25,14 @@ rule all:
         AGGREGATE,
         REPORT_INDEX,
     default_target: True
+
+
+# What the run gave, in one line, and where the report is (cells by status: `longca.store.read`).
+onsuccess:
+    from longca.store.read import run_summary
+
+    if Path(AGGREGATE).is_file():
+        print(run_summary(AGGREGATE, REPORT_INDEX if Path(REPORT_INDEX).is_file() else None))
 
 
 include: "workflow/rules/cells.smk"

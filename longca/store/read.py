@@ -38,3 +38,15 @@ def damage(path: str | Path) -> str | None:
     if missing:
         return f"{p}: missing columns {missing}"
     return None
+
+
+def run_summary(aggregate: str | Path, report: str | Path | None = None) -> str:
+    """One line for the end of a run: the aggregate's cells by status and where the report is."""
+    import pyarrow.compute as pc
+
+    table = pq.read_table(aggregate, columns=["cell_digest", "status"])
+    per_cell = table.group_by(["cell_digest"]).aggregate([("status", "min")])
+    counts = pc.value_counts(per_cell["status_min"]).to_pylist()
+    text = ", ".join(f"{c['counts']} {c['values']}" for c in sorted(counts, key=lambda c: -c["counts"]))
+    line = f"longca: {per_cell.num_rows} cells ({text}), {table.num_rows} rows in {aggregate}"
+    return line + (f"; report: {report}" if report else "")

@@ -1,6 +1,7 @@
 """The real Snakemake on a tiny spec: full run, incremental reruns, kill and resume, damaged files."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -48,6 +49,11 @@ def test_full_then_incremental(workdir):
     assert statuses == {"ok": 32, "unsupported": 4}  # sdpa_flash takes no document mask
     assert (workdir / "reports" / "tiny" / "index.html").exists()
     assert set(jobs_run(proc)) >= {"aggregate", "report", "all"}
+    # the run ends with what it gave and where the report is
+    summary = (
+        r"longca: 36 cells \(32 ok, 4 unsupported\), 44 rows in results/tiny/all.parquet; report: reports/tiny/index"
+    )
+    assert re.search(summary, proc.stdout + proc.stderr), proc.stderr[-2000:]
 
     # Nothing to do on a second run.
     proc = snakemake(workdir, spec)
