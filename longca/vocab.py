@@ -33,6 +33,18 @@ class Status(StrEnum):
     INCORRECT = "incorrect"
 
 
+class Verdict(StrEnum):
+    """What `longca compare` says of one cell (longca.report.compare)."""
+
+    FASTER = "faster"
+    SLOWER = "slower"
+    SAME = "same"
+    NOISY = "noisy"
+    STATUS_CHANGED = "status changed"
+    ONLY_IN_BASE = "only in base"
+    ONLY_IN_NEW = "only in new"
+
+
 class Layout(StrEnum):
     BSHD = "bshd"  # (batch, seqlen, heads, head_dim), flash-attn style
     BHSD = "bhsd"  # (batch, heads, seqlen, head_dim), SDPA / FlexAttention style

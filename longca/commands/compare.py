@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from longca.report.compare import VERDICTS
+from longca.vocab import Verdict
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -12,7 +12,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "compare",
         help="which cells got faster or slower between two result sets, beyond noise",
         description="Match the rows of two result sets (aggregates or results folders) by their "
-        "axes and give each cell a verdict: " + ", ".join(VERDICTS) + ".",
+        "axes and give each cell a verdict: " + ", ".join(Verdict) + ".",
     )
     p.add_argument("base", help="the reference set: an aggregate (all.parquet) or a results folder")
     p.add_argument("new", help="the set to judge against it")

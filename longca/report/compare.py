@@ -39,7 +39,7 @@ from longca.report.load import read_tables
 from longca.report.queries import supersede
 from longca.report.repro import repro_command
 from longca.store.schema import REQUIRED, SCHEMA_VERSION
-from longca.vocab import Status
+from longca.vocab import Status, Verdict
 
 MATCH_ON = (
     "kernel",
@@ -60,7 +60,7 @@ MATCH_ON = (
     "cp_degrees",
     "cp_balance",
 )
-VERDICTS = ("faster", "slower", "same", "noisy", "status changed", "only in base", "only in new")
+VERDICTS = tuple(v.value for v in Verdict)
 ENV_FACTS = (
     "device_name",
     "driver",
