@@ -69,6 +69,7 @@ TOOLTIP = (
     "cell_id",
     "spec",
     "sweep",
+    "git_commit",
 )
 
 

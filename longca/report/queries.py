@@ -192,6 +192,8 @@ def cells(rows: pl.DataFrame) -> pl.DataFrame:
             pl.len().alias("rows"),
             pl.col("reason").drop_nulls().first().alias("reason"),
             pl.col("run_id").drop_nulls().unique().sort().str.join(", ").alias("run_ids"),
+            # the commit(s) the cell was measured at: beside the repro command in every tooltip
+            pl.col("git_commit").drop_nulls().unique().sort().str.join(", ").alias("git_commit"),
         )
         .with_columns(
             status=pl.col("worst").replace_strict(_RANK_STATUS, return_dtype=pl.String),
