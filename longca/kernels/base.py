@@ -63,6 +63,10 @@ class Capabilities:
     backward: bool = True
     # dtypes the backward takes (None: all of `dtypes`); fp8 kernels are mostly forward-only
     backward_dtypes: frozenset[str] | None = None
+    # head dims the backward takes (None: all of `head_dims`), and whether it takes GQA (cuDNN's
+    # block-sparse backward is MHA-only at head dim 128 on sm90, where its forward takes GQA)
+    backward_head_dims: frozenset[int] | None = None
+    backward_gqa: bool = True
     min_compute_capability: tuple[int, int] | None = None
     max_compute_capability: tuple[int, int] | None = None
     package: str | None = None  # import name that must be importable
@@ -82,6 +86,18 @@ class Capabilities:
         unknown = set(self.mask_forms) - set(MASK_FORMS)
         if unknown:
             raise ValueError(f"unknown mask forms {sorted(unknown)}; allowed: {MASK_FORMS}")
+
+    def backward_reason(self, *, dtype: str, head_dim: int, gqa: bool) -> str | None:
+        """Why the declared backward cannot run at this dtype / head dim / head grouping, or None."""
+        if not self.backward:
+            return "no backward pass"
+        if self.backward_dtypes is not None and dtype not in self.backward_dtypes:
+            return f"no backward in {dtype} (backward dtypes: {sorted(self.backward_dtypes)})"
+        if self.backward_head_dims is not None and head_dim not in self.backward_head_dims:
+            return f"no backward at head dim {head_dim} (backward head dims: {sorted(self.backward_head_dims)})"
+        if gqa and not self.backward_gqa:
+            return "no backward under GQA (heads_q != heads_kv): MHA only"
+        return None
 
 
 @dataclass
@@ -213,10 +229,8 @@ def static_unsupported_reason(
         return f"head dim {head_dim} not supported (supports {sorted(caps.head_dims)})"
     if heads_q != heads_kv and not caps.gqa:
         return "GQA (heads_q != heads_kv) not supported"
-    if pass_ != Pass.FWD and not caps.backward:
-        return "no backward pass"
-    if pass_ != Pass.FWD and caps.backward_dtypes is not None and dtype not in caps.backward_dtypes:
-        return f"no backward in {dtype} (backward dtypes: {sorted(caps.backward_dtypes)})"
+    if pass_ != Pass.FWD and (why := caps.backward_reason(dtype=dtype, head_dim=head_dim, gqa=heads_q != heads_kv)):
+        return why
     if caps.block_sizes is not None and "block_sparse" in mask_forms and block_size not in caps.block_sizes:
         shown = f"block size {block_size}" if block_size else "variable blocks"
         return f"{shown} not supported (uniform blocks of {sorted(caps.block_sizes)} only)"

@@ -194,8 +194,7 @@ def checks_gradients(kernel: Any, cell: Cell, device: torch.device) -> bool:
     fp8 check an Inductor compile."""
     caps = kernel.caps
     return (
-        caps.backward
-        and (caps.backward_dtypes is None or cell.dtype in caps.backward_dtypes)
+        caps.backward_reason(dtype=cell.dtype, head_dim=cell.head_dim, gqa=cell.heads_q != cell.heads_kv) is None
         and (cell.pass_ != Pass.FWD or device.type == "cuda")
         and backward_refusal(kernel, device) is None
     )
