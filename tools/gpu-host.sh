@@ -10,7 +10,8 @@
 #    into /tmp/bundles/NAME on PYTHONPATH, FA4's compiled-kernel cache .fa4-cache/fa4-cache.tar.xz and
 #    Triton's autotune cache .triton-autotune/triton-autotune.tar.gz (what an earlier call returned),
 #    each only when present. With LONGCA_GPU_TESTS="tests/... -k ...", those tests run first
-#    (pytest, log in OUTDIR/gpu-tests.log).
+#    (pytest, log in OUTDIR/gpu-tests.log). With LONGCA_GPU_BENCH="benchmarks/X.py ARGS", that script
+#    runs next with the same packages on its path ({out} in ARGS is OUTDIR; log in OUTDIR/bench.log).
 # 2. The spec's committed aggregate (results/<name>/all.parquet) is unpacked into cell files, so
 #    this call runs only the cells still missing.
 # 3. `longca run` measures them, one process per visible GPU (`--shard g/N`), stopped by SIGTERM
@@ -60,6 +61,11 @@ if [ -n "${LONGCA_GPU_TESTS:-}" ]; then
   # shellcheck disable=SC2086  (the variable holds pytest's arguments)
   timeout -k 10 $(( limit / 2 )) python3 -m pytest -q -p no:cacheprovider $LONGCA_GPU_TESTS > "$out/gpu-tests.log" 2>&1
   tail -n 5 "$out/gpu-tests.log"
+fi
+if [ -n "${LONGCA_GPU_BENCH:-}" ]; then
+  # shellcheck disable=SC2086  (the variable holds the script and its arguments)
+  timeout -k 10 $(( limit / 2 )) python3 ${LONGCA_GPU_BENCH//\{out\}/$out} > "$out/bench.log" 2>&1
+  tail -n 5 "$out/bench.log"
 fi
 
 # 3. the missing cells, one process per GPU, stopped when the time is up (40 s kept for step 4)
