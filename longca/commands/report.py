@@ -42,6 +42,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "on the CP page (repeatable)",
     )
     p.add_argument(
+        "--ceiling",
+        action="append",
+        default=[],
+        metavar="JSON",
+        help="measured matrix-product rates (benchmarks/matmul_ceiling.py's output): the choose page "
+        "gives each best kernel's share of it (repeatable)",
+    )
+    p.add_argument(
         "--link",
         action="append",
         default=[],
@@ -78,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
         probe=args.probe,
         fidelity_checks=args.fidelity,
         cp_local_runs=args.cp_local,
+        ceiling_files=args.ceiling,
     )
     print(
         f"wrote {len(built.pages)} pages and {len(built.charts)} charts to {built.out} "

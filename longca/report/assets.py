@@ -102,13 +102,17 @@ EMBED_JS = r"""(function () {
 
 CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0; color: #222; }
-header { background: #1f2933; color: #fff; padding: .6em 1.2em; }
+header { background: #1f2933; color: #fff; padding: .6em 1.2em; display: flex; align-items: baseline;
+  white-space: nowrap; overflow-x: auto; }
 header a { color: #cde; margin-right: 1em; text-decoration: none; }
 header a.here { color: #fff; font-weight: bold; }
 header .title { font-size: 1.2em; font-weight: bold; margin-right: 2em; }
 main { padding: 1em 1.5em; max-width: 1400px; }
 h2 { border-bottom: 1px solid #ddd; padding-bottom: .2em; margin-top: 1.6em; }
 .chart { margin: 1em 0 2em; }
+.vega-embed { display: flex !important; flex-direction: column; }
+.vega-embed .vega-bindings { order: -1; margin: 0 0 .6em; }
+.vega-bind { display: inline-block; margin-right: 1.4em; font-weight: 600; }
 .chart .caption, .note { color: #555; font-size: .9em; max-width: 60em; }
 .chart .files a { margin-right: .8em; font-size: .85em; cursor: pointer; }
 table { border-collapse: collapse; font-size: .85em; margin: .5em 0 1.5em; }

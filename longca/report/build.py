@@ -19,7 +19,7 @@ import polars as pl
 import pyarrow as pa
 
 import longca
-from longca.report import assets, charts, cp_local, export, fidelity, gallery, load, pages, peers, queries
+from longca.report import assets, ceilings, charts, cp_local, export, fidelity, gallery, load, pages, peers, queries
 from longca.report.charts import ChartSpec
 from longca.report.pages import Page, Table
 from longca.store.write import PUBLISHED_ZSTD_LEVEL, write_table
@@ -121,7 +121,7 @@ def _fraction_summary(frac: pl.DataFrame) -> tuple[pl.DataFrame, list[str], list
 def _overview(
     c: pl.DataFrame, rows: pl.DataFrame, spec_name: str, stale: pl.DataFrame | None = None
 ) -> tuple[Page, list[ChartSpec]]:
-    page = Page("index.html", "Overview", f"Overview: {spec_name}")
+    page = Page("overview.html", "Overview", f"Overview: {spec_name}")
     best = queries.best_kernel(c)
     frac = queries.fraction_of_full(best, c)
     matrix = queries.support_matrix(c)
@@ -143,8 +143,10 @@ def _overview(
     page.chart(charts.support_chart(matrix), "No single-device cells.")
     if matrix.height:
         page.table(_support_table(matrix))
-    page.h2("Best kernel per mask and length")
-    page.chart(charts.best_heatmap(best), "No ok single-device softmax cells.")
+    page.p(
+        "The fastest kernel per mask, length and shape, with the runner-up and the margin, is on the Choose page.",
+        "note",
+    )
     page.h2("Mask efficiency")
     page.chart(charts.fraction_chart(frac), "No mask has ok cells at lengths where the full mask also has them.")
     if frac.height:
@@ -156,7 +158,35 @@ def _overview(
     return page, page.charts()
 
 
-def _mask_pages(c: pl.DataFrame, peer: pl.DataFrame) -> list[Page]:
+def _choose_page(c: pl.DataFrame, ceiling: pl.DataFrame | None, kernels: list[str]) -> Page:
+    page = Page("index.html", "Choose", "Which kernel for my shape?")
+    best = queries.choose(c, ceiling)
+    page.p(
+        "Pick the attention shape you train with; every mask and length then shows the fastest kernel "
+        "measured there. Further pages: every kernel per mask (Masks), block-sparse (Sparse), context "
+        "parallelism (CP), what did not run and why (Status), and how the numbers were taken (Data)."
+    )
+    page.chart(charts.choose_chart(best, kernels), "No ok single-device softmax cells to choose from.")
+    if ceiling is None or not ceiling.height:
+        page.p(
+            "No measured matrix-product rate was given (`longca report --ceiling`), so the squares do not say "
+            "how close the best kernel comes to the device's ceiling.",
+            "note",
+        )
+    else:
+        page.p(
+            "Measured matrix-product rates (N x N x N, longca's CUDA timer): "
+            + "; ".join(
+                f"{d} {t}: {v:.0f} TFLOP/s"
+                for d, t, v in ceiling.select("device_name", "dtype", "matmul_tflops").iter_rows()
+            )
+            + ".",
+            "note",
+        )
+    return page
+
+
+def _mask_pages(c: pl.DataFrame, peer: pl.DataFrame, kernels: Sequence[str] = ()) -> list[Page]:
     ok, studied = queries.for_length_charts(queries.mask_cells(c))
     gpu = ok.filter(pl.col("device") == "cuda")
     out = []
@@ -164,19 +194,30 @@ def _mask_pages(c: pl.DataFrame, peer: pl.DataFrame) -> list[Page]:
         page = Page(f"mask-{charts.slug(mask)}.html", mask, f"Mask {mask}")
         on_gpu = gpu.filter(pl.col("mask") == mask).height > 0
         shown = peer.filter(pl.col("mask") == mask) if on_gpu else peer.clear()
-        page.chart(charts.mask_metric(mask, ok, "tflops", shown), f"No ok cells on mask {mask}: see the Status page.")
+        page.chart(
+            charts.mask_metric(mask, ok, "tflops", shown, kernels), f"No ok cells on mask {mask}: see the Status page."
+        )
+        numbers, cols, lengths = queries.series_table(ok, mask, charts.shape_order(ok.filter(pl.col("mask") == mask)))
+        if numbers.height:
+            page.p(
+                "The numbers drawn above: TFLOP/s (exact mask area) per shape, pass and kernel at each length, and "
+                "the command that measures that row's cells again (every length; add --only seqlen=... for one)."
+            )
+            page.table(_table(numbers, cols, numeric=lengths))
         if not on_gpu and peer.filter(pl.col("mask") == mask).height:
             page.p(
                 "Published figures for this mask are GPU figures; they are not drawn over rows measured "
-                "without a GPU (see Published figures).",
+                "without a GPU (see Peers).",
                 "note",
             )
-        page.chart(charts.mask_metric(mask, ok, "peak_mem_gib", peer.clear()), "No memory figures on this mask.")
+        page.chart(
+            charts.mask_metric(mask, ok, "peak_mem_gib", peer.clear(), kernels), "No memory figures on this mask."
+        )
         n_study = studied.filter(pl.col("mask") == mask).height
         if n_study:
             page.p(
                 f"{n_study} ok cells on this mask at another head dim or dtype, measured at one length, are "
-                "drawn on the Head dim & dtype page beside the same kernels' other shapes.",
+                "drawn on the Shapes page (head dim and dtype) beside the same kernels' other shapes.",
                 "note",
             )
         n_bad = c.filter((pl.col("mask") == mask) & ~pl.col("all_ok") & (pl.col("world_size") == 1)).height
@@ -327,7 +368,7 @@ def _family_pages(c: pl.DataFrame, peer: pl.DataFrame, local: pl.DataFrame | Non
 
 
 def _shapes_page(c: pl.DataFrame) -> Page:
-    page = Page("shapes.html", "Head dim & dtype", "Head dim and dtype")
+    page = Page("shapes.html", "Shapes", "Head dim and dtype")
     study = queries.shape_study(c)
     page.chart(
         charts.shape_chart(study),
@@ -495,7 +536,7 @@ def _table_section(page: Page, title: str, df: pl.DataFrame, cols: list[str], te
 
 
 def _peers_page(peer: pl.DataFrame, path: Path | None) -> Page:
-    page = Page("peers.html", "Published figures", "Published figures of other projects")
+    page = Page("peers.html", "Peers", "Published figures of other projects")
     page.p(
         "Other people's measurements on other machines, carried as longca's own data file "
         f"({shown_path(path) if path else 'longca/data/peers.csv'}): references, not targets, and never "
@@ -548,11 +589,21 @@ def _provenance_page(
     local_files: Sequence[Path] = (),
     static_exports: bool = True,
     links: Sequence[tuple[str, str]] = (),
+    ceiling_files: Sequence[Path] = (),
+    ceiling: pl.DataFrame | None = None,
 ) -> Page:
-    page = Page("environment.html", "Environment & data", "Environment, provenance and downloads")
+    page = Page("environment.html", "Data", "Environment, provenance and downloads")
     page.h2("Where the numbers came from")
     env = queries.environments(rows)
     page.table(_table(env, ["env_id", *queries.ENV_FACTS, "rows", "run_ids", "first", "last"], numeric=["rows"]))
+    if ceiling is not None and ceiling.height:
+        page.h2("Measured ceilings")
+        page.p(
+            "The device's matrix-product rate (2 N^3 FLOPs per N x N product, longca's CUDA timer with its L2 "
+            "flush; the median of several rounds, the slowest and fastest round beside it), as "
+            "benchmarks/matmul_ceiling.py measured it; the choose page gives each best kernel's share of it."
+        )
+        page.table(_table(ceiling, ceilings.COLUMNS, numeric=["n", "matmul_tflops", "tflops_min", "tflops_max"]))
     page.h2("Downloads")
     page.links(
         [
@@ -573,6 +624,7 @@ def _provenance_page(
         *[a for d in probe for a in ("--probe", shown_path(d))],
         *[a for d in checks for a in ("--fidelity", shown_path(d))],
         *[a for d in local_files for a in ("--cp-local", shown_path(d))],
+        *[a for d in ceiling_files for a in ("--ceiling", shown_path(d))],
     ]
     if spec is not None:
         cmd += ["--spec", shown_path(spec)]
@@ -662,6 +714,7 @@ def build_report(
     cp_local_runs: Sequence[str | Path] = (),
     static_exports: bool = True,
     links: Sequence[tuple[str, str]] = (),
+    ceiling_files: Sequence[str | Path] = (),
 ) -> Built:
     """Write the whole static site for the rows in `data` under `out`; returns what was written.
 
@@ -674,6 +727,8 @@ def build_report(
     offered as data/probes.parquet), never drawn: they re-measure cells under another protocol.
     `fidelity_checks`: JSON files of benchmarks/timer_fidelity.py, tabled on the Status page.
     `cp_local_runs`: JSON files of benchmarks/cp_rank_local.py, tabled on the CP page.
+    `ceiling_files`: JSON files of benchmarks/matmul_ceiling.py: the choose page's share of the
+    measured matrix-product rate, and a table on the Environment page.
     """
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
@@ -699,6 +754,8 @@ def build_report(
     checks = fidelity.load_checks(check_files, {p: shown_path(p) for p in check_files}) if check_files else None
     local_files = [Path(p) for p in cp_local_runs]
     local = cp_local.load(local_files, {p: shown_path(p) for p in local_files}) if local_files else None
+    ceiling_paths = [Path(p) for p in ceiling_files]
+    ceiling = ceilings.load(ceiling_paths, {p: shown_path(p) for p in ceiling_paths}) if ceiling_paths else None
     spec_names = rows.get_column("spec").drop_nulls().unique().sort().to_list()
     spec_name = spec_path.stem if spec_path else (", ".join(spec_names) or "results")
     stale = _stale_cells(rows, spec_path) if spec_path is not None else None
@@ -707,10 +764,12 @@ def build_report(
     peer = peers.load(peers_path)
     timings["load+cells"] = time.perf_counter() - t0
 
+    kernels = c.get_column("kernel").drop_nulls().unique().to_list()
+    choose = _choose_page(c, ceiling, kernels)
     overview, _ = _overview(c, rows, spec_name, stale)
     family = _family_pages(c, peer, local)
-    mask_pages = _mask_pages(c, peers.for_masks(peer))
-    drawn = [overview, *mask_pages, *family]
+    mask_pages = _mask_pages(c, peers.for_masks(peer), kernels)
+    drawn = [choose, overview, *mask_pages, *family]
     all_charts = [ch for p in drawn for ch in p.charts()]
     timings["charts"] = time.perf_counter() - t0
 
@@ -729,12 +788,13 @@ def build_report(
         images, message = drawn_gallery.result()
     timings["exports+gallery"] = time.perf_counter() - t0
 
-    p_gallery = Page("gallery.html", "Mask gallery", "Mask gallery")
+    p_gallery = Page("gallery.html", "Gallery", "Mask gallery")
     if images:
         p_gallery.gallery(images)
     else:
         p_gallery.p(message, "note")
     site = [
+        choose,
         overview,
         *family,
         p_gallery,
@@ -754,12 +814,14 @@ def build_report(
             local_files,
             static_exports,
             links,
+            ceiling_paths,
+            ceiling,
         ),
     ]
     if mask_pages:
         masks_index = Page("masks.html", "Masks", "Per-mask throughput and memory")
         masks_index.links([(p.file, p.nav) for p in mask_pages])
-        site.insert(1, masks_index)
+        site.insert(2, masks_index)
     # mask pages: linked from the Masks page, rendered with the same navigation bar
     written = pages.write(site + mask_pages, out, site_title, specs, static_exports, nav=site)
     timings["total"] = time.perf_counter() - t0

@@ -138,6 +138,15 @@ _DRAWN = {
     "failed",
     "mech",
     "kernel_label",
+    "mask_label",
+    "heads",
+    "runner_up",
+    "runner_up_tflops",
+    "margin",
+    "kernels",
+    "pct_matmul",
+    "matmul_tflops",
+    "page",
 }
 
 
@@ -163,7 +172,11 @@ def _series(df: pl.DataFrame, base: str, within: Sequence[str]) -> pl.DataFrame:
     """A legend label: `base`, plus shape and machine only when a panel holds more than one."""
     parts: list[pl.Expr] = [pl.col(base).cast(pl.String)]
     for extra in ("shape", "machine"):
-        if extra in df.columns and df.group_by(list(within)).agg(pl.col(extra).n_unique()).get_column(extra).max() > 1:
+        if (
+            extra in df.columns
+            and extra not in within
+            and df.group_by(list(within)).agg(pl.col(extra).n_unique()).get_column(extra).max() > 1
+        ):
             parts += [pl.lit(" · "), pl.col(extra)]
     return df.with_columns(series=pl.concat_str(parts, ignore_nulls=True))
 
@@ -187,6 +200,22 @@ def _length_x(data: pl.DataFrame, field_name: str = "seqlen_q", title: str = "se
     )
 
 
+def pad_facets(values: list[dict[str, Any]], row: str | None, column: str | None) -> list[dict[str, Any]]:
+    """One placeholder record (`_layer` "pad", drawn by no mark) per missing (row, column) pair.
+
+    Vega lays a faceted chart's cells out one after another in a grid of as many columns as there
+    are column values: where a row lacks a column (fp8 rows have no backward), every later cell of
+    that row would slide into the wrong column, under the wrong heading. A record for each pair
+    keeps the grid complete."""
+    if not (row and column):
+        return values
+    rows = {v.get(row) for v in values if v.get(row) is not None}
+    cols = {v.get(column) for v in values if v.get(column) is not None}
+    have = {(v.get(row), v.get(column)) for v in values}
+    pads = [{row: r, column: c, "_layer": "pad"} for r in sorted(rows, key=str) for c in sorted(cols, key=str)]
+    return values + [p for p in pads if (p[row], p[column]) not in have]
+
+
 def _layered_facet(
     layers: Sequence[tuple[str, pl.DataFrame, Callable[[alt.Chart], alt.Chart]]],
     row: str | None,
@@ -198,6 +227,7 @@ def _layered_facet(
     values: list[dict[str, Any]] = []
     for name, df, _ in layers:
         values += [{**r, "_layer": name} for r in records(df)]
+    values = pad_facets(values, row, column)
     base = alt.Chart()
     charts = [make(base.transform_filter(alt.datum._layer == name)) for name, df, make in layers if df.height]
     layered = alt.layer(*charts, data=alt.NamedData(name=DATASET)).properties(width=W, height=H)
@@ -213,7 +243,12 @@ def _layered_facet(
 
 
 def _lines(
-    x: alt.X, y: alt.Y, color: str = "series", dash: str | None = None, dash_shapes: bool = False
+    x: alt.X,
+    y: alt.Y,
+    color: str = "series",
+    dash: str | None = None,
+    dash_shapes: bool = False,
+    scale: alt.Scale | None = None,
 ) -> Callable[[alt.Chart], alt.Chart]:
     """Measured lines with points, a legend that selects series, and full-parameter tooltips.
     dash_shapes: the `dash` field also picks the point shape, for variants measured at one x only
@@ -224,7 +259,10 @@ def _lines(
         enc: dict[str, Any] = dict(
             x=x,
             y=y,
-            color=alt.Color(f"{color}:N", title=None),
+            # every entry and its whole label: a legend that ends in "…6 entries" hides series
+            color=alt.Color(
+                f"{color}:N", title=None, scale=scale or alt.Undefined, legend=alt.Legend(symbolLimit=0, labelLimit=0)
+            ),
             opacity=alt.when(pick).then(alt.value(1.0)).otherwise(alt.value(0.12)),
         )
         if dash:
@@ -242,7 +280,7 @@ def _lines(
 
 
 def _peer_layers(peers: pl.DataFrame, x_title: str) -> list[tuple[str, pl.DataFrame, Callable[[alt.Chart], alt.Chart]]]:
-    """Published figures: a box (or bar) for ranges, a diamond for single figures, each with its label."""
+    """Published figures: a grey box (or bar) for ranges, a grey diamond for single figures."""
     if peers.is_empty():
         return []
     is_point = peers.filter((pl.col("x_lo") == pl.col("x_hi")) & (pl.col("y_lo") == pl.col("y_hi")))
@@ -258,71 +296,171 @@ def _peer_layers(peers: pl.DataFrame, x_title: str) -> list[tuple[str, pl.DataFr
             x=alt.X("x_lo:Q", title=x_title), y="y_lo:Q"
         )
 
-    def text(base: alt.Chart) -> alt.Chart:
-        return base.mark_text(align="left", dx=5, dy=-4, fontSize=9, color=PEER_COLOR).encode(
-            x=alt.X("x_hi:Q", title=x_title), y="y_hi:Q", text="label:N"
-        )
-
-    return [("peer_range", ranges, box), ("peer_point", is_point, point), ("peer_text", peers, text)]
+    # no text beside the marks: labels of nearby figures overlap; the tooltip names each one
+    return [("peer_range", ranges, box), ("peer_point", is_point, point)]
 
 
-def mask_metric(mask: str, cells: pl.DataFrame, metric: str, peers: pl.DataFrame) -> ChartSpec | None:
-    """Throughput (TFLOP/s) or peak memory (GiB) against length for one mask; pass x GQA/MHA panels."""
+def shape_order(df: pl.DataFrame) -> list[str]:
+    """Panels of shapes, the most measured first (ties by name)."""
+    counts = df.group_by("shape").len().sort(["len", "shape"], descending=[True, False])
+    return counts.get_column("shape").to_list()
+
+
+def mask_metric(
+    mask: str, cells: pl.DataFrame, metric: str, peers: pl.DataFrame, kernels: Sequence[str] = ()
+) -> ChartSpec | None:
+    """Throughput (TFLOP/s) or peak memory (GiB) against length for one mask: one panel per shape
+    (heads, head dim, dtype) and pass, one line per kernel in its report-wide colour."""
     df = cells.filter(pl.col("mask") == mask)
     if metric == "peak_mem_gib":
         df = df.filter(pl.col("peak_mem_gib").is_not_null())
     if df.is_empty():
         return None
-    df = _series(df, "kernel", ["pass", "attn"]).sort("series", "seqlen_q")
+    df = _series(df, "kernel", ["pass", "shape"]).sort("series", "seqlen_q")
     title = "TFLOP/s (exact mask area)" if metric == "tflops" else "peak memory (GiB)"
     y = alt.Y(f"{metric}:Q", title=title)
-    layers = [("measured", df, _lines(_length_x(df), y))]
+    plain = df.get_column("series").equals(df.get_column("kernel"))  # one machine: series are kernel names
+    scale = kernel_scale(kernels) if kernels and plain else None
+    layers = [("measured", df, _lines(_length_x(df), y, scale=scale))]
     if metric == "tflops" and not peers.is_empty():
-        shown = df.select("mask", "pass", "attn").unique()
-        layers += _peer_layers(peers.join(shown, on=["mask", "pass", "attn"], how="semi"), "sequence length (tokens)")
-    chart, values = _layered_facet(layers, row="attn", column="pass")
+        panels = df.select("mask", "pass", "attn", "shape", "head_dim", "dtype").unique()
+        shown = (
+            peers.drop("shape", strict=False)
+            .join(panels, on=["mask", "pass", "attn"], suffix="_panel")
+            .filter(
+                (pl.col("head_dim").is_null() | (pl.col("head_dim") == pl.col("head_dim_panel")))
+                # 16-bit figures (fp16 or bf16) beside 16-bit panels, fp8 beside fp8
+                & (
+                    pl.col("dtype").is_null()
+                    | (pl.col("dtype").str.contains("8") == pl.col("dtype_panel").str.contains("8"))
+                )
+            )
+            .drop("head_dim_panel", "dtype_panel")
+            .sort("shape", "pass", "source", "x_lo", "y_lo")
+        )
+        layers += _peer_layers(shown, "sequence length (tokens)")
+    chart, values = _layered_facet(layers, row="shape", column="pass", row_order=shape_order(df))
     what = "throughput" if metric == "tflops" else "memory"
+    peer_note = (
+        " Grey diamonds and boxes: published figures of other projects at a matching shape (hover for the source)."
+        if metric == "tflops" and not peers.is_empty()
+        else ""
+    )
     return ChartSpec(
         id=f"mask-{slug(mask)}-{what}",
         title=f"{mask}: {what} against sequence length",
-        chart=chart.properties(title=f"{mask}: {title}"),
+        chart=chart,
         data=df,
         machines=queries.machines(df),
         values=values,
-        caption=f"{title} of every ok cell on mask {mask}; columns: pass, rows: attention type. "
-        "Click a legend entry to pick kernels (shift-click for several).",
+        caption=f"{title} of every ok cell on mask {mask}; columns: pass, rows: shape (attention type, heads "
+        "q:kv, head dim, dtype). Click a legend entry to pick kernels (shift-click for several)." + peer_note,
         query=f"status ok, world_size 1, kernel_family softmax, mask {mask}",
     )
 
 
-def best_heatmap(best: pl.DataFrame) -> ChartSpec | None:
+# Kernels keep one colour on every chart that takes `kernel_scale` (the report passes every kernel of
+# its rows, sorted): Vega's tableau20, its saturated half first, so neighbours in the domain differ.
+_KERNEL_COLORS = [
+    "#4c78a8", "#f58518", "#54a24b", "#e45756", "#b279a2", "#439894", "#b79a20", "#d67195", "#9e765f",
+    "#79706e", "#9ecae9", "#ffbf79", "#88d27a", "#ff9d98", "#d6a5c9", "#83bcb6", "#f2cf5b", "#fcbfd2",
+    "#d8b5a5", "#bab0ac",
+]  # fmt: skip
+
+
+def kernel_scale(kernels: Sequence[str]) -> alt.Scale:
+    """One colour per kernel name, the same on every chart that takes it (sorted names, fixed order)."""
+    domain = sorted(set(kernels))
+    return alt.Scale(domain=domain, range=[_KERNEL_COLORS[i % len(_KERNEL_COLORS)] for i in range(len(domain))])
+
+
+CHOOSE_ALL = "all"
+
+
+def choose_chart(best: pl.DataFrame, kernels: Sequence[str]) -> ChartSpec | None:
+    """The first page: per mask x length, the fastest kernel for the shape picked in the dropdowns
+    (heads, head dim, dtype, pass), its TFLOP/s, its margin over the runner-up, and (with a measured
+    matmul ceiling) its share of that rate; each cell links to the mask's page."""
     if best.is_empty():
         return None
-    df = _panel(best)
-    chart = alt.Chart(alt.NamedData(name=DATASET)).encode(
-        x=alt.X("seqlen_q:O", title="sequence length (tokens)", sort="ascending", axis=alt.Axis(labelExpr=LEN_LABEL)),
-        y=alt.Y("mask:N", title=None),
+    has_ceiling = "pct_matmul" in best.columns
+    sparse = pl.col("mask").is_in(queries.SPARSE_MASKS)
+    df = best.with_columns(
+        page=pl.when(sparse)
+        .then(pl.lit("sparse.html"))
+        .otherwise(pl.col("mask").map_elements(lambda m: f"mask-{slug(m)}.html", pl.String)),
+        label=pl.concat_str(
+            [
+                pl.col("kernel"),
+                pl.lit("\n"),
+                pl.col("tflops").round(0).cast(pl.Int64).cast(pl.String),
+                pl.when(pl.col("margin").is_not_null())
+                .then(pl.format(" · +{}%", (pl.col("margin") * 100).round(0).cast(pl.Int64)))
+                .otherwise(pl.lit(" · alone")),
+            ]
+        ),
     )
-    rect = chart.mark_rect(tooltip=TOOLTIP_ALL).encode(color=alt.Color("kernel:N", title="best kernel"))
-    text = chart.mark_text(fontSize=9).encode(text=alt.Text("tflops:Q", format=".3~g"))
-    facet = (
-        alt.layer(rect, text)
-        .properties(width=W)
-        .facet(
-            column=alt.Column("pass:N", title=None, sort=["fwd", "bwd", "fwd_bwd"]),
-            row=alt.Row("panel:N", title=None, header=alt.Header(labelAngle=0, labelAlign="left")),
+
+    def options(col: str, prefer: Any) -> tuple[list[Any], Any]:
+        opts = sorted(df.get_column(col).unique().to_list(), key=lambda v: (str(type(v)), v))
+        return opts, prefer if prefer in opts else opts[0]
+
+    passes = [p for p in ("fwd", "bwd", "fwd_bwd") if p in set(df.get_column("pass"))]
+    heads, heads0 = options("heads", _most_common(df, "heads"))
+    dims, dim0 = options("head_dim", 128)
+    dtypes, dtype0 = options("dtype", "bfloat16")
+    p_heads = alt.param(name="heads", value=heads0, bind=alt.binding_select(options=heads, name="heads (q:kv) "))
+    p_dim = alt.param(name="head_dim", value=dim0, bind=alt.binding_select(options=dims, name="head dim "))
+    p_dtype = alt.param(name="dtype", value=dtype0, bind=alt.binding_select(options=dtypes, name="dtype "))
+    p_pass = alt.param(
+        name="pass_", value=CHOOSE_ALL, bind=alt.binding_select(options=[CHOOSE_ALL, *passes], name="pass ")
+    )
+    base = alt.Chart().encode(
+        x=alt.X("seqlen_q:O", title="sequence length (tokens)", axis=alt.Axis(labelExpr=LEN_LABEL, orient="top")),
+        y=alt.Y("mask_label:N", title=None, axis=alt.Axis(labelLimit=400)),
+    )
+    rect = base.mark_rect(stroke="white", opacity=0.6, tooltip=TOOLTIP_ALL).encode(
+        color=alt.Color("kernel:N", title="best kernel", scale=kernel_scale(kernels), legend=alt.Legend(symbolLimit=0)),
+        href="page:N",
+    )
+    text = base.mark_text(fontSize=9, lineBreak="\n", color="black").encode(text="label:N", href="page:N")
+    layered = alt.layer(rect, text, data=alt.NamedData(name=DATASET)).properties(
+        width=alt.Step(92), height=alt.Step(34)
+    )
+    chart = (
+        layered.facet(
+            row=alt.Row("pass:N", title=None, sort=passes, header=alt.Header(labelAngle=0, labelAlign="left"))
+        )
+        .add_params(p_heads, p_dim, p_dtype, p_pass)
+        .transform_filter(
+            f"datum.heads == heads && datum.head_dim == head_dim && datum.dtype == dtype"
+            f" && (pass_ == '{CHOOSE_ALL}' || datum.pass == pass_)"
         )
     )
+    machines = queries.machines(df)
+    ceiling = (
+        " and its share of the device's measured matrix-product rate in the same dtype (`pct_matmul`)"
+        if has_ceiling
+        else ""
+    )
     return ChartSpec(
-        id="overview-best",
-        title="Best kernel per mask and length",
-        chart=facet,
+        id="choose",
+        title="Fastest kernel for your shape",
+        chart=chart,
         data=df,
         values=records(df),
-        machines=queries.machines(df),
-        query="status ok, world_size 1, softmax, non-sparse masks",
-        caption="Colour: the fastest ok kernel; number: its TFLOP/s with exact mask-area FLOPs.",
+        machines=machines,
+        query="fastest ok single-device softmax kernel per mask, length, heads, head dim, dtype, pass",
+        caption="Pick heads, head dim, dtype and pass above. Each square: the fastest kernel that ran (ok) at that "
+        "mask and length, its TFLOP/s (exact mask area) and its lead over the runner-up in per cent ('alone': "
+        f"no other kernel ran there); the tooltip names the runner-up{ceiling}, the command that measures the cell "
+        "again and the commit it was measured at. A lead of a few per cent is within run-to-run noise. Click a "
+        "square for the mask's page.",
     )
+
+
+def _most_common(df: pl.DataFrame, col: str) -> Any:
+    return df.get_column(col).value_counts(sort=True).get_column(col)[0]
 
 
 def fraction_chart(frac: pl.DataFrame) -> ChartSpec | None:

@@ -7,6 +7,8 @@ rows is ok: a cell with any failed sample is a non-ok cell, listed with its reas
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import polars as pl
 
 SPARSE_MASKS = ("block_sparse", "variable_block_sparse")
@@ -281,6 +283,98 @@ def best_kernel(c: pl.DataFrame) -> pl.DataFrame:
     """The fastest ok kernel per (mask, pass, length, shape, machine)."""
     keys = ["mask", "pass", "seqlen_q", "shape", "machine"]
     return mask_cells(c).sort("tflops", descending=True).group_by(keys, maintain_order=True).first().sort(keys)
+
+
+CHOOSE_KEYS = ("mask_label", "seqlen_q", "heads", "head_dim", "dtype", "pass", "machine")
+
+
+def choose(c: pl.DataFrame, ceilings: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Per mask (with its variant where a mask has several), length, heads, head dim, dtype, pass and
+    machine: the fastest ok single-device softmax kernel, its TFLOP/s, the runner-up and the margin.
+
+    The best kernel's own row fields stay (spec, sweep, cell id, commit: its repro command).
+    `ceilings` (device_name, dtype, matmul_tflops): adds `pct_matmul`, the best TFLOP/s as a share
+    of that device's measured matrix-product rate in the cell's dtype.
+    """
+    ok = pl.concat([mask_cells(c), sparse_cells(c)], how="diagonal_relaxed")
+    if ok.is_empty():
+        return ok
+    variants = pl.col("mask_variant").n_unique().over("mask")
+    ok = ok.with_columns(
+        mask_label=pl.when((variants > 1) & pl.col("mask_variant").is_not_null())
+        .then(pl.format("{} ({})", pl.col("mask"), pl.col("mask_variant")))
+        .otherwise(pl.col("mask")),
+        heads=pl.format("{}:{}", pl.col("heads_q"), pl.col("heads_kv")),
+    )
+    keys = list(CHOOSE_KEYS)
+    ranked = ok.sort("tflops", descending=True).with_columns(
+        rank=pl.col("tflops").rank("ordinal", descending=True).over(keys)
+    )
+    runner = ranked.filter(pl.col("rank") == 2).select(
+        *keys, runner_up=pl.col("kernel"), runner_up_tflops=pl.col("tflops")
+    )
+    best = (
+        ranked.filter(pl.col("rank") == 1)
+        .join(runner, on=keys, how="left")
+        .join(ranked.group_by(keys).agg(kernels=pl.len()), on=keys, how="left")  # how many ran there
+        .with_columns(margin=pl.col("tflops") / pl.col("runner_up_tflops") - 1.0)
+        .drop("rank")
+    )
+    if ceilings is not None and ceilings.height:
+        best = best.join(
+            ceilings.select("device_name", "dtype", "matmul_tflops"), on=["device_name", "dtype"], how="left"
+        )
+        best = best.with_columns(pct_matmul=pl.col("tflops") / pl.col("matmul_tflops"))
+    return best.sort(keys)
+
+
+def length_label(n: int) -> str:
+    """1024 -> 1K, 1048576 -> 1M, as the charts' axes print lengths."""
+    if n >= 1 << 20 and n % (1 << 20) == 0:
+        return f"{n >> 20}M"
+    if n >= 1024 and n % 1024 == 0:
+        return f"{n >> 10}K"
+    return str(n)
+
+
+def series_table(ok: pl.DataFrame, mask: str, shapes: Sequence[str]) -> tuple[pl.DataFrame, list[str], list[str]]:
+    """The numbers under a mask's throughput chart: one row per (shape, pass, kernel, machine), one
+    column per length (TFLOP/s, exact mask area, median over the cell's rows), and the command that
+    measures the row's cells again. Returns (table, columns, numeric columns)."""
+    from longca.report.repro import repro_series_command
+
+    df = ok.filter(pl.col("mask") == mask)
+    if df.is_empty():
+        return df, [], []
+    lengths = sorted(df.get_column("seqlen_q").unique().to_list())
+    keys = ["shape", "pass", "kernel", "machine"]
+    wide = df.with_columns(length=pl.col("seqlen_q").map_elements(length_label, pl.String)).pivot(
+        on="length", index=keys, values="tflops", aggregate_function="first"
+    )
+    fixed = df.group_by(keys).agg(
+        *[pl.col(c).first() for c in ("heads_q", "heads_kv", "head_dim", "dtype", "batch", "mask", "spec")],
+        pl.col("sweep").unique().sort().alias("sweeps"),
+        pl.col("spec").n_unique().alias("_specs"),
+    )
+    fixed = fixed.with_columns(
+        repro=pl.struct(pl.all()).map_elements(
+            lambda r: repro_series_command(r["spec"], r["sweeps"], r) if r["_specs"] == 1 and r["spec"] else None,
+            pl.String,
+        )
+    )
+    pass_rank = pl.col("pass").replace_strict({"fwd": 0, "bwd": 1, "fwd_bwd": 2}, default=3, return_dtype=pl.Int8)
+    shape_rank = pl.col("shape").replace_strict({s: i for i, s in enumerate(shapes)}, default=len(shapes))
+    table = (
+        wide.join(fixed.select(*keys, "repro"), on=keys)
+        .with_columns(_s=shape_rank, _p=pass_rank)
+        .sort("_s", "_p", "kernel", "machine")
+        .drop("_s", "_p")
+    )
+    cols = [length_label(n) for n in lengths]
+    table = table.with_columns([pl.col(c).round(0).cast(pl.Int64) for c in cols])
+    multi = table.get_column("machine").n_unique() > 1
+    shown = ["shape", "pass", "kernel", *(["machine"] if multi else []), *cols, "repro"]
+    return table, shown, cols
 
 
 def fraction_of_full(best: pl.DataFrame, cells: pl.DataFrame | None = None) -> pl.DataFrame:

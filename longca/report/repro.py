@@ -35,6 +35,18 @@ def repro_command(row: dict[str, Any]) -> str:
     return shlex.join(args)
 
 
+def repro_series_command(spec: str, sweeps: Sequence[str], row: dict[str, Any]) -> str:
+    """`longca run` for every length of one series (a table row): the row's axes but the length,
+    over each sweep its cells come from."""
+    args = ["longca", "run", "--spec", f"specs/{spec}.yaml"]
+    for sweep in sorted(set(sweeps)):
+        args += ["--sweep", str(sweep)]
+    for key, columns in ONLY:
+        if key != "seqlen":
+            args += ["--only", f"{key}=" + ":".join(str(row[c]) for c in columns)]
+    return shlex.join(args)
+
+
 def repro_expression() -> str:
     """The same command as a Vega expression over a drawn row (`datum`), for chart tooltips; null for
     rows without a spec (peer figures). Names and values here need no shell quoting."""

@@ -14,6 +14,7 @@ def test_site_layout(site: Path) -> None:
     built = json.loads((site / "build.json").read_text())
     for page in (
         "index.html",
+        "overview.html",
         "masks.html",
         "sparse.html",
         "cp.html",
@@ -114,11 +115,18 @@ def test_published_mode_writes_no_chart_files_and_links_none(tmp_path: Path, row
     assert (tmp_path / "site" / "assets" / "data.js").stat().st_size > 0
 
 
-def test_overview_content(site: Path) -> None:
+def test_the_first_page_chooses_a_kernel_for_a_shape(site: Path) -> None:
     html = (site / "index.html").read_text()
+    assert "Which kernel for my shape?" in html and 'id="chart-choose"' in html
+    nav = html.split("<main>")[0]
+    assert nav.index('href="index.html"') < nav.index('href="overview.html"')  # the first page in the nav
+
+
+def test_overview_content(site: Path) -> None:
+    html = (site / "overview.html").read_text()
     for text in (
         "Kernel × mask support",
-        "Best kernel per mask and length",
+        "Choose page",
         "fraction of the best full-mask",
         "OOM at some sizes",
         "Fixture GPU (synthetic) @ fixture-host",
@@ -381,9 +389,9 @@ def test_cells_the_given_spec_no_longer_has_are_named_on_the_status_page(tmp_pat
     status = (tmp_path / "site2" / "status.html").read_text()
     section = status.split("Cells from an earlier version of the spec")[1].split("</table>")[0]
     assert "tiny.yaml" in section and ">dense<" in section and ">1<" in section and "other" not in section
-    overview = (tmp_path / "site2" / "index.html").read_text()
+    overview = (tmp_path / "site2" / "overview.html").read_text()
     assert "1 cells of sweep dense come from an earlier version of" in overview
-    assert "earlier version" not in (tmp_path / "site" / "index.html").read_text()
+    assert "earlier version" not in (tmp_path / "site" / "overview.html").read_text()
 
 
 def test_fraction_summary_names_the_kernel_that_loses_least() -> None:

@@ -22,7 +22,7 @@ def _all_charts(c: pl.DataFrame) -> list[charts.ChartSpec]:
     best = queries.best_kernel(c)
     out += [
         charts.support_chart(queries.support_matrix(c)),
-        charts.best_heatmap(best),
+        charts.choose_chart(queries.choose(c), c.get_column("kernel").unique().to_list()),
         charts.fraction_chart(queries.fraction_of_full(best)),
     ]
     ok = queries.mask_cells(c)
@@ -63,19 +63,79 @@ def test_mask_chart_draws_only_ok_cells_and_tags_peers(cells: pl.DataFrame) -> N
     published = _layer(spec, "peer_point") + _layer(spec, "peer_range")
     assert published and all(v["label"].endswith("(published)") for v in published)
     assert {v["mask"] for v in published} == {"full"}
-    assert "FA3 648 · H100 SXM5 (published)" in {v["label"] for v in _layer(spec, "peer_text")}
+    assert "FA3 648 · H100 SXM5 (published)" in {v["label"] for v in published}
+    # panels are shapes: a figure joins only panels of its attention type, head dim and dtype
+    assert all(v["shape"].startswith(v["attn"]) for v in published)
 
 
 def test_peers_only_in_panels_that_have_measured_rows(cells: pl.DataFrame) -> None:
     ok = queries.mask_cells(cells).filter(pl.col("attn") == "GQA")
     spec = charts.mask_metric("full", ok, "tflops", peers.for_masks(peers.load())).spec()
-    assert {v["attn"] for v in _layer(spec, "peer_text")} == {"GQA"}
+    assert {v["attn"] for v in _layer(spec, "peer_point") + _layer(spec, "peer_range")} == {"GQA"}
 
 
 def test_no_rows_no_chart() -> None:
     empty = queries.cells(pl.from_arrow(synthetic_table()).clear())
-    assert charts.best_heatmap(queries.best_kernel(empty)) is None
+    assert charts.choose_chart(queries.choose(empty), []) is None
     assert charts.linear_chart(*queries.linear_vs_softmax(empty)) is None
+
+
+def test_facet_cells_keep_their_columns_when_a_row_lacks_one() -> None:
+    # fp8 rows are forward-only: without a placeholder, Vega slides the next row's first cell under "bwd"
+    values = [
+        {"shape": "bf16", "pass": "fwd", "_layer": "measured"},
+        {"shape": "bf16", "pass": "bwd", "_layer": "measured"},
+        {"shape": "fp8", "pass": "fwd", "_layer": "measured"},
+    ]
+    padded = charts.pad_facets(values, "shape", "pass")
+    assert padded[:3] == values and padded[3:] == [{"shape": "fp8", "pass": "bwd", "_layer": "pad"}]
+    assert charts.pad_facets(values, "shape", None) == values
+
+
+def test_mask_chart_has_a_panel_per_shape_and_the_report_wide_kernel_colours(cells: pl.DataFrame) -> None:
+    ok = queries.mask_cells(cells)
+    kernels = sorted(cells.get_column("kernel").unique())
+    spec = charts.mask_metric("causal", ok, "tflops", peers.for_masks(peers.load()).clear(), kernels).spec()
+    assert spec["facet"]["row"]["field"] == "shape"
+    shapes = set(ok.filter(pl.col("mask") == "causal").get_column("shape"))
+    assert set(spec["facet"]["row"]["sort"]) == shapes
+    color = next(e["color"] for e in _encodings(spec) if "color" in e)
+    assert color["scale"]["domain"] == kernels and color["legend"]["symbolLimit"] == 0  # no "…N entries"
+    # every (shape, pass) pair has a cell
+    pairs = {(v["shape"], v["pass"]) for v in spec["datasets"][charts.DATASET]}
+    assert pairs == {(s, p) for s in shapes for p in set(ok.get_column("pass"))}
+
+
+def test_choose_chart_names_best_runner_up_and_margin(cells: pl.DataFrame) -> None:
+    best = queries.choose(cells)
+    ok = queries.mask_cells(cells)
+    row = best.filter((pl.col("kernels") > 1) & ~pl.col("mask").is_in(queries.SPARSE_MASKS)).row(0, named=True)
+    group = ok.filter(
+        (pl.col("mask") == row["mask"])
+        & (pl.col("seqlen_q") == row["seqlen_q"])
+        & (pl.col("heads_q") == row["heads_q"])
+        & (pl.col("heads_kv") == row["heads_kv"])
+        & (pl.col("head_dim") == row["head_dim"])
+        & (pl.col("dtype") == row["dtype"])
+        & (pl.col("pass") == row["pass"])
+    ).sort("tflops", descending=True)
+    assert row["kernel"] == group.get_column("kernel")[0] and row["runner_up"] == group.get_column("kernel")[1]
+    assert row["margin"] == pytest.approx(group.get_column("tflops")[0] / group.get_column("tflops")[1] - 1)
+    assert row["kernels"] == group.height
+    spec = charts.choose_chart(best, sorted(cells.get_column("kernel").unique())).spec()
+    params = {p["name"]: p for p in spec["params"]}
+    assert set(params) == {"heads", "head_dim", "dtype", "pass_"} and params["pass_"]["value"] == charts.CHOOSE_ALL
+    assert {v["page"] for v in spec["datasets"][charts.DATASET]} <= {
+        f"mask-{m}.html" for m in cells.get_column("mask").unique()
+    } | {"sparse.html"}
+
+
+def test_choose_gives_the_share_of_a_measured_ceiling(cells: pl.DataFrame) -> None:
+    device, dtype = cells.get_column("device_name")[0], cells.get_column("dtype")[0]
+    ceiling = pl.DataFrame({"device_name": [device], "dtype": [dtype], "matmul_tflops": [500.0]})
+    best = queries.choose(cells, ceiling).filter(pl.col("dtype") == dtype)
+    assert best.height
+    assert best.get_column("pct_matmul").to_list() == pytest.approx((best.get_column("tflops") / 500.0).to_list())
 
 
 def test_records_are_json_safe() -> None:
@@ -127,8 +187,8 @@ def test_sparse_peer_layers_do_not_depend_on_input_order(cells: pl.DataFrame, x:
         again = charts.sparse_chart(
             sp.sample(fraction=1.0, shuffle=True, seed=seed), pe.sample(fraction=1.0, shuffle=True, seed=seed), x
         ).spec()
-        assert [_layer(again, k) for k in ("peer_range", "peer_text")] == [
-            _layer(first, k) for k in ("peer_range", "peer_text")
+        assert [_layer(again, k) for k in ("peer_range", "peer_point")] == [
+            _layer(first, k) for k in ("peer_range", "peer_point")
         ]
     assert _layer(first, "peer_range")  # the comparison is not vacuous
 
