@@ -21,6 +21,8 @@ localrules:
 
 rule all:
     input:
+        # every cell file: Snakemake does not remake a deleted intermediate file whose consumer is
+        # up to date, so a deleted cell is rerun only when it is asked for here
         CELL_OUTPUTS,
         AGGREGATE,
         REPORT_INDEX,

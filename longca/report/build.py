@@ -24,23 +24,6 @@ from longca.report.charts import ChartSpec
 from longca.report.pages import Page, Table
 from longca.store.write import PUBLISHED_ZSTD_LEVEL, write_table
 
-_NON_OK_COLS = [
-    "status",
-    "reason",
-    "kernel",
-    "mask",
-    "pass",
-    "seqlen_q",
-    "batch",
-    "shape",
-    "world_size",
-    "cp_mechanism",
-    "rows",
-    "machine",
-    "run_id",
-    "cell_id",
-]
-
 
 @dataclass
 class Built:
@@ -424,7 +407,16 @@ def _status_page(
         )
     )
     if bad.height:
-        page.table(_table(bad, _NON_OK_COLS, numeric=["seqlen_q", "batch", "world_size", "rows"]))
+        groups = queries.non_ok_groups(bad)
+        page.p(
+            "Grouped by status, kernel and reason (reasons that differ only in their numbers, such as the bytes "
+            "an out-of-memory error names, form one group); open a group for its cells."
+        )
+        table = _table(groups, ["status", "kernel", "cells", "rows", "masks", "reason"], numeric=["cells", "rows"])
+        table.rows = [[*r[:-1], _short(r[-1])] for r in table.rows]
+        table.details = [(f"{len(m)} lines", _member_table(m)) for m in groups.get_column("members").to_list()]
+        table.details_column = "cells"
+        page.table(table)
     if stale is not None and stale.height:
         page.h2("Cells from an earlier version of the spec")
         page.p(
@@ -524,6 +516,23 @@ def _status_page(
             )
         )
     return page
+
+
+def _short(reason: str | None, limit: int = 240) -> str | None:
+    """A reason's first line, cut at `limit` characters (CUDA's out-of-memory text runs to a paragraph)."""
+    if reason is None:
+        return None
+    first = reason.strip().splitlines()[0] if reason.strip() else ""
+    return first if len(first) <= limit else first[: limit - 1] + "…"
+
+
+def _member_table(members: list[dict]) -> Table:
+    """The cells of one status group: where each ran, without the columns every line shares."""
+    cols = ["mask", "pass", "seqlen_q", "shape", "world_size", "cp_mechanism", "machine", "cell_id"]
+    keep = [c for c in cols if len({str(m.get(c)) for m in members}) > 1 or c in ("mask", "seqlen_q", "cell_id")]
+    if all(m.get("cp_mechanism") is None for m in members):
+        keep = [c for c in keep if c not in ("cp_mechanism", "world_size")]
+    return Table(columns=keep, rows=[[m.get(c) for c in keep] for m in members], numeric={"seqlen_q", "world_size"})
 
 
 def _table_section(page: Page, title: str, df: pl.DataFrame, cols: list[str], text: str) -> None:
@@ -823,7 +832,9 @@ def build_report(
         masks_index.links([(p.file, p.nav) for p in mask_pages])
         site.insert(2, masks_index)
     # mask pages: linked from the Masks page, rendered with the same navigation bar
-    written = pages.write(site + mask_pages, out, site_title, specs, static_exports, nav=site)
+    # pages with nothing but notes (no linear rows: the Linear page) are written, not offered in the nav
+    nav = [p for p in site if p.has_content() or p.file in ("index.html", "status.html")]
+    written = pages.write(site + mask_pages, out, site_title, specs, static_exports, nav=nav)
     timings["total"] = time.perf_counter() - t0
     (out / "build.json").write_text(
         json.dumps({"pages": [p.name for p in written], "charts": [ch.id for ch in all_charts]}, indent=1)

@@ -26,6 +26,9 @@ class Table:
     rows: list[list[Any]]
     cell_class: list[list[str]] | None = None  # optional per-cell CSS class
     numeric: set[str] = field(default_factory=set)
+    # optional last column: per row, (summary, table) shown on demand in a <details> element
+    details: list[tuple[str, Table]] | None = None
+    details_column: str = "details"
 
 
 @dataclass
@@ -59,6 +62,10 @@ class Page:
     def charts(self) -> list[ChartSpec]:
         return [b for k, b in self.blocks if k == "chart"]
 
+    def has_content(self) -> bool:
+        """Whether the page shows anything beyond notes: a chart, a table, a gallery or code."""
+        return any(k in ("chart", "table", "gallery", "pre", "links") for k, _ in self.blocks)
+
 
 def script_json(obj: Any) -> Markup:
     """JSON safe inside a <script> element: no '<', '>' or '&' survives literally."""
@@ -67,7 +74,13 @@ def script_json(obj: Any) -> Markup:
     return Markup(text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
 
 
-TEMPLATE = """<!doctype html>
+TABLE_MACRO = """{% macro table(b) %}<table><thead><tr>{% for c in b.columns %}<th>{{ c }}</th>{% endfor %}{% if b.details %}<th>{{ b.details_column }}</th>{% endif %}</tr></thead><tbody>
+{% for r in b.rows %}{% set i = loop.index0 %}<tr>{% for v in r %}{% set cls = b.cell_class[i][loop.index0] if b.cell_class else "" %}<td{% if cls or b.columns[loop.index0] in b.numeric %} class="{{ cls }}{% if b.columns[loop.index0] in b.numeric %} num{% endif %}"{% endif %}>{{ "" if v is none else v }}</td>{% endfor %}{% if b.details %}<td><details><summary>{{ b.details[i][0] }}</summary>{{ table(b.details[i][1]) }}</details></td>{% endif %}</tr>
+{% endfor %}</tbody></table>{% endmacro %}"""
+
+TEMPLATE = (
+    TABLE_MACRO
+    + """<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{{ page.title }} · {{ site_title }}</title>
@@ -87,20 +100,19 @@ TEMPLATE = """<!doctype html>
 {% elif kind == "links" %}<ul>{% for href, text in b %}<li><a href="{{ href }}">{{ text }}</a></li>{% endfor %}</ul>
 {% elif kind == "gallery" %}<div class="gallery">{% for src, cap in b %}<figure><img src="{{ src }}" alt="{{ cap }}"><figcaption>{{ cap }}</figcaption></figure>{% endfor %}</div>
 {% elif kind == "chart" %}<div class="chart" id="chart-{{ b.id }}" data-spec="spec-{{ b.id }}">
-<h3>{{ b.title }}</h3>
+{% if b.id not in headed %}<h3>{{ b.title }}</h3>{% endif %}
 <div class="vis"></div>
 {% if static_exports %}<noscript><img src="charts/{{ b.id }}.svg" alt="{{ b.title }}"></noscript>{% endif %}
 <p class="caption">{{ b.caption }}{% if b.machines %} Measured on: {{ b.machines | join("; ") }}.{% endif %}</p>
 <p class="files"></p>
 <script type="application/json" id="spec-{{ b.id }}">{{ specs[b.id] }}</script>
 </div>
-{% elif kind == "table" %}<table><thead><tr>{% for c in b.columns %}<th>{{ c }}</th>{% endfor %}</tr></thead><tbody>
-{% for r in b.rows %}{% set i = loop.index0 %}<tr>{% for v in r %}{% set cls = b.cell_class[i][loop.index0] if b.cell_class else "" %}<td{% if cls or b.columns[loop.index0] in b.numeric %} class="{{ cls }}{% if b.columns[loop.index0] in b.numeric %} num{% endif %}"{% endif %}>{{ "" if v is none else v }}</td>{% endfor %}</tr>
-{% endfor %}</tbody></table>
+{% elif kind == "table" %}{{ table(b) }}
 {% endif %}
 {% endfor %}
 </main></body></html>
 """
+)
 
 _ENV = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
 _TEMPLATE = _ENV.from_string(TEMPLATE)
@@ -109,7 +121,11 @@ _TEMPLATE = _ENV.from_string(TEMPLATE)
 def render(page: Page, nav: list[Page], site_title: str, specs: dict[str, dict[str, Any]], static_exports: bool) -> str:
     """One page; `specs` without their rows (the page's script takes them from assets/data.js)."""
     shown = {c.id: script_json({k: v for k, v in specs[c.id].items() if k != "datasets"}) for c in page.charts()}
-    return _TEMPLATE.render(page=page, nav=nav, site_title=site_title, specs=shown, static_exports=static_exports)
+    # a chart right under a heading of its own gets no second heading
+    headed = {b.id for (k0, _), (k, b) in zip(page.blocks, page.blocks[1:]) if k0 == "h2" and k == "chart"}
+    return _TEMPLATE.render(
+        page=page, nav=nav, site_title=site_title, specs=shown, static_exports=static_exports, headed=headed
+    )
 
 
 def write(

@@ -7,6 +7,7 @@ rows is ok: a cell with any failed sample is a non-ok cell, listed with its reas
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import polars as pl
@@ -445,6 +446,40 @@ def non_ok(rows: pl.DataFrame, c: pl.DataFrame) -> pl.DataFrame:
         bad.group_by(keys, maintain_order=True)
         .agg(*[pl.col(k).first() for k in shown], rows=pl.len())
         .sort("status", "kernel", "mask", "pass", "seqlen_q", nulls_last=True)
+    )
+
+
+def reason_key(reason: str | None, mask: str | None) -> str:
+    """A reason's first 60 characters with its mask's name as 'MASK' and its numbers (sizes, addresses,
+    lengths) as '#': messages that differ only there (CUDA's out-of-memory text names the bytes and
+    its tail varies; a refusal names the mask) fall in one group."""
+    text = (reason or "").replace(mask, "MASK") if mask else (reason or "")
+    return re.sub(r"0x[0-9a-fA-F]+|\d+(\.\d+)?", "#", text)[:60]
+
+
+def non_ok_groups(bad: pl.DataFrame) -> pl.DataFrame:
+    """non_ok's lines grouped by (status, kernel, reason up to its numbers): how many cells and rows,
+    on which masks, one reason as an example, and the group's lines (`members`, for details on demand)."""
+    if bad.is_empty():
+        return bad
+    keyed = bad.with_columns(
+        _reason=pl.struct("reason", "mask").map_elements(lambda r: reason_key(r["reason"], r["mask"]), pl.String),
+        # the digest names the cell (`longca repro @digest`); the id's other parts are the columns beside it
+        cell_id=pl.col("cell_id").str.extract(r"(@[0-9a-f]+)$").fill_null(pl.col("cell_id")),
+    )
+    return (
+        keyed.group_by("status", "kernel", "_reason")
+        .agg(
+            pl.col("reason").first().alias("reason"),
+            pl.col("cell_key").n_unique().alias("cells"),
+            pl.col("rows").sum().alias("rows"),
+            pl.col("mask").drop_nulls().unique().sort().str.join(", ").alias("masks"),
+            pl.struct("mask", "pass", "seqlen_q", "shape", "world_size", "cp_mechanism", "machine", "cell_id")
+            .sort_by("mask", "pass", "seqlen_q", "shape")
+            .alias("members"),
+        )
+        .sort("status", "kernel", pl.col("cells"), descending=[False, False, True])
+        .drop("_reason")
     )
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from longca.run.cell import planned_unsupported
 from longca.run.gpu_lease import gpu_count, lease_gpus
-from longca.run.rows import status_row
+from longca.run.rows import status_row, summarize
 from longca.spec.cells import Cell, expand
 from longca.spec.load import Spec
 from longca.store.write import write_rows
@@ -417,14 +417,18 @@ def run_chunk(
         wanted.append((by_path[key], out))
     planned = [(c, o, why) for c, o in wanted if (why := planned_unsupported(c))]
     for cell, out, why in planned:
-        write_rows(out, [status_row(cell, "unsupported", why)])
+        rows = [status_row(cell, "unsupported", why)]
+        write_rows(out, rows)
+        _log(f"{cell.id}: {summarize(rows)}")  # the terminal's line for every finished cell
     runnable = [(c, o) for c, o in wanted if c.digest not in {p[0].digest for p in planned}]
     device = [(c, o) for c, o in runnable if c.cp_mechanism is None]
     cp = [(c, o) for c, o in runnable if c.cp_mechanism is not None]
     gpus = gpu_count() if spec.device == "cuda" and cp else 0
     too_wide = [(c, o) for c, o in cp if gpus and c.world_size > gpus]
     for cell, out in too_wide:
-        write_rows(out, [status_row(cell, "unsupported", f"needs {cell.world_size} GPUs (world_size); {gpus} visible")])
+        rows = [status_row(cell, "unsupported", f"needs {cell.world_size} GPUs (world_size); {gpus} visible")]
+        write_rows(out, rows)
+        _log(f"{cell.id}: {summarize(rows)}")
     cp = [pair for pair in cp if pair not in too_wide]
     # Never two chunks on one GPU (Snakemake's local executor starts many at once): see gpu_lease.
     needed = max([1 if device else 0] + [c.world_size for c, _ in cp]) if spec.device == "cuda" else 0

@@ -172,4 +172,4 @@ def summarize(rows: list[dict[str, Any]]) -> str:
         med = float(np.median([x["median_ms"] for x in rows]))
         tf = float(np.median([x["tflops"] for x in rows]))
         return f"ok {med:.3f} ms {tf:.1f} TFLOP/s"
-    return f"{r['status']}: {r['reason']}"
+    return f"{r['status']}: {str(r['reason'])[:200]}"  # an OOM message runs to a paragraph

@@ -1,11 +1,11 @@
-"""The README's result-schema table is the one generated from longca.store.schema."""
+"""docs/schema.md's result-schema table is the one generated from longca.store.schema."""
 
 import re
 from pathlib import Path
 
 from longca.store.schema import SCHEMA, schema_markdown
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "schema.md"
 
 
 def test_readme_schema_table_is_the_generated_one():

@@ -54,6 +54,11 @@ def test_full_then_incremental(workdir):
         r"longca: 36 cells \(32 ok, 4 unsupported\), 44 rows in results/tiny/all.parquet; report: reports/tiny/index"
     )
     assert re.search(summary, proc.stdout + proc.stderr), proc.stderr[-2000:]
+    # the terminal: one line per finished cell, no line listing every cell (profiles/default quiets
+    # Snakemake's input/output/reason lists; they stay in its log)
+    out = proc.stdout + proc.stderr
+    assert len(re.findall(r"^\[longca\] kernel=.*: (ok|unsupported)", out, flags=re.M)) == 36
+    assert max(len(line) for line in out.splitlines()) < 600
 
     # Nothing to do on a second run.
     proc = snakemake(workdir, spec)

@@ -1,4 +1,5 @@
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -32,12 +33,5 @@ def snakemake(workdir: Path, spec: str, *extra: str, timeout: int = 600, check: 
 
 
 def jobs_run(proc) -> list[str]:
-    """Rule names of the jobs Snakemake ran, from its log."""
-    out = []
-    for line in (proc.stdout + proc.stderr).splitlines():
-        line = line.strip()
-        if line.startswith("rule ") and line.endswith(":"):
-            out.append(line[5:-1])
-        elif line.startswith("localrule ") and line.endswith(":"):
-            out.append(line[10:-1])
-    return out
+    """Rule names of the jobs Snakemake ran, from its progress lines ("Finished jobid: N (Rule: name)")."""
+    return re.findall(r"\(Rule: ([A-Za-z0-9_]+)\)", proc.stdout + proc.stderr)

@@ -20,5 +20,7 @@ for _job in JOBS:
         params:
             spec=SPEC_FILE,
             results=RESULTS,
+        # the whole output to the log; to the terminal, one line per finished cell (status, time, TFLOP/s)
         shell:
-            "longca run --spec {params.spec:q} --results {params.results:q} {output:q} > {log:q} 2>&1"
+            "longca run --spec {params.spec:q} --results {params.results:q} {output:q} 2>&1 | tee {log:q}"
+            " | {{ grep --line-buffered '^\\[longca\\] ' || true; }}"

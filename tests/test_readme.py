@@ -1,0 +1,234 @@
+"""Every shell command, spec snippet and SQL example of the README runs here, as written where the CI
+machine can (a CPU, no GPU, a one-node SLURM cluster), and every command has an entry below: a
+README command without one fails `test_every_readme_command_is_covered`.
+
+How each runs (COMMANDS): `run` as written, in a copy of the repository's workflow where it would
+write files; `dry` with Snakemake's --dry-run (a GPU spec's jobs would run on GPUs: the DAG, the
+spec's validation and the planning run, no job); `ci` is CI's own command (.ci/run runs exactly
+this line; checked to be there); `pip` is the GPU extra, whose packages need CUDA: its pins are
+checked in pyproject.toml, and the extra is installed on the GPU host (docs/gpu-host.md).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+
+
+def blocks(lang: str, path: Path = README) -> list[str]:
+    """The bodies of the fenced blocks of one language."""
+    return re.findall(rf"^```{lang}\n(.*?)^```", path.read_text(encoding="utf-8"), flags=re.S | re.M)
+
+
+def commands(path: Path = README) -> list[str]:
+    """Every shell command of the bash blocks: comments dropped, one command per line."""
+    out = []
+    for body in blocks("bash", path):
+        for line in body.splitlines():
+            cmd = re.split(r"\s+#", line, maxsplit=1)[0].strip()
+            if cmd and not line.lstrip().startswith("#"):
+                out.append(cmd)
+    return out
+
+
+# README command -> how this file runs it
+COMMANDS = {
+    "pip install torch==2.13.0 && pip install -e . && snakemake --cores 2": "run-default",
+    'pip install torch==2.13.0 && pip install -e ".[test,slurm]" && ruff check . && ruff format --check . '
+    "&& python -m pytest -q": "ci",
+    'pip install -e ".[gpu,slurm]"': "pip",
+    "snakemake --cores 8 --config spec=specs/h200.yaml": "dry",
+    "snakemake --profile profiles/slurm --config spec=specs/h200.yaml": "dry",
+    "longca run --spec specs/h200.yaml --shard 0/2": "run-cpu",
+    "longca run --spec specs/h200.yaml --sweep dense --only seqlen=32K": "run-cpu",
+    "longca run --spec specs/h200.yaml --retry error": "run-cpu",
+    "longca plan specs/h200.yaml": "run",
+    "longca plan specs/h200.yaml --rows results/h200/all.parquet": "run",
+    "longca compare results/h200/all.parquet results/h200-workflow/all.parquet --html /tmp/cmp": "run",
+    "longca compare BASE.parquet NEW.parquet --fail-on slower": "run-compare",
+    "longca repro @847b892f": "run",
+    "pip install -e '.[slurm]'": "ci",
+    "cp -r profiles/slurm profiles/mycluster": "run",
+    "snakemake --profile profiles/mycluster --config spec=specs/h200.yaml": "dry",
+}
+
+
+def test_every_readme_command_is_covered():
+    found = commands()
+    assert found, "no bash blocks found in the README"
+    assert set(found) == set(COMMANDS), (
+        f"README commands without a test here: {sorted(set(found) - set(COMMANDS))}; "
+        f"entries here no longer in the README: {sorted(set(COMMANDS) - set(found))}"
+    )
+
+
+def _longca(*args: str, cwd: Path = ROOT, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "longca.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def _copy_repo_for_run(dest: Path) -> Path:
+    """The files a README command reads, so it writes into `dest`, not into the repository."""
+    dest.mkdir(parents=True)
+    for name in ("Snakefile", "workflow", "profiles", "specs"):
+        src = ROOT / name
+        shutil.copytree(src, dest / name) if src.is_dir() else shutil.copy(src, dest / name)
+    (dest / "results" / "h200").mkdir(parents=True)
+    shutil.copy(ROOT / "results" / "h200" / "all.parquet", dest / "results" / "h200" / "all.parquet")
+    return dest
+
+
+@pytest.mark.parametrize("cmd", [c for c, how in COMMANDS.items() if how == "run"])
+def test_commands_run_as_written(cmd: str, tmp_path: Path):
+    work = _copy_repo_for_run(tmp_path / "repo")
+    if "results/h200-workflow" in cmd:
+        shutil.copytree(ROOT / "results" / "h200-workflow", work / "results" / "h200-workflow")
+        cmd = cmd.replace("/tmp/cmp", str(tmp_path / "cmp"))
+    argv = shlex.split(cmd)
+    if argv[0] == "longca":
+        proc = _longca(*argv[1:], cwd=work)
+    else:
+        proc = subprocess.run(argv, cwd=work, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (cmd, proc.stdout[-2000:], proc.stderr[-2000:])
+    if argv[:2] == ["longca", "plan"]:
+        assert "cells in" in proc.stdout
+    if argv[:2] == ["longca", "repro"]:
+        assert "longca run --spec specs/" in proc.stdout
+    if argv[:2] == ["longca", "compare"]:
+        assert (tmp_path / "cmp" / "index.html").is_file()
+    if argv[0] == "cp":
+        assert (work / "profiles" / "mycluster" / "config.yaml").is_file()
+
+
+def test_compare_with_fail_on_is_a_ci_gate(tmp_path: Path):
+    # BASE/NEW stand for any two result sets: the published set against itself passes, a copy with
+    # one cell 10% slower fails (exit 1)
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    base = ROOT / "results" / "h200-workflow" / "all.parquet"
+    table = pq.read_table(base)
+    digest = table["cell_digest"][0].as_py()
+    slow = pc.equal(table["cell_digest"], digest)
+    samples = table["samples_ms"].to_pylist()
+    table = table.set_column(
+        table.schema.get_field_index("samples_ms"),
+        "samples_ms",
+        pa.array(
+            [[x * 1.1 for x in s] if hit else s for s, hit in zip(samples, slow.to_pylist())], table["samples_ms"].type
+        ),
+    )
+    new = tmp_path / "NEW.parquet"
+    pq.write_table(table, new)
+    assert _longca("compare", str(base), str(base), "--fail-on", "slower").returncode == 0
+    assert _longca("compare", str(base), str(new), "--fail-on", "slower").returncode == 1
+    assert COMMANDS["longca compare BASE.parquet NEW.parquet --fail-on slower"] == "run-compare"
+
+
+@pytest.mark.parametrize("cmd", [c for c, how in COMMANDS.items() if how == "run-cpu"])
+def test_run_commands_on_a_machine_without_the_gpu(cmd: str, tmp_path: Path):
+    # The spec's cells are CUDA cells: here every selected one ends as an `unsupported` row that says
+    # why, without a GPU touched; --shard 0/2 is limited to one sweep to keep CI short.
+    work = _copy_repo_for_run(tmp_path / "repo")
+    argv = shlex.split(cmd)[1:]
+    if "--shard" in argv:
+        argv += ["--sweep", "shapes"]
+    if "--retry" in argv:
+        argv += ["--sweep", "long_fp8"]
+    proc = _longca(*argv, "--results", str(tmp_path / "results"), cwd=work)
+    assert proc.returncode == 0, (cmd, proc.stdout[-2000:], proc.stderr[-3000:])
+    written = list((tmp_path / "results" / "h200").rglob("*.parquet"))
+    assert written, proc.stdout[-2000:]
+    import polars as pl
+
+    rows = pl.read_parquet(written)
+    assert set(rows.get_column("status")) == {"unsupported"}
+
+
+@pytest.mark.parametrize("cmd", [c for c, how in COMMANDS.items() if how == "dry"])
+def test_snakemake_commands_plan_every_job(cmd: str, tmp_path: Path):
+    work = _copy_repo_for_run(tmp_path / "repo")
+    if "profiles/mycluster" in cmd:
+        shutil.copytree(work / "profiles" / "slurm", work / "profiles" / "mycluster")
+    argv = [sys.executable, "-m", *shlex.split(cmd), "--dry-run", "--quiet", "rules"]
+    proc = subprocess.run(argv, cwd=work, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (cmd, proc.stdout[-3000:], proc.stderr[-3000:])
+    assert "aggregate" in proc.stdout + proc.stderr
+
+
+def test_the_default_run_produces_rows_and_a_report(tmp_path: Path):
+    """`snakemake --cores 2` after the installs (CI installed the package): the default spec's real
+    run, its Parquet and its report."""
+    work = _copy_repo_for_run(tmp_path / "repo")
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--cores", "2"], cwd=work, capture_output=True, text=True, timeout=1200
+    )
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+    assert (work / "results" / "default" / "all.parquet").stat().st_size > 0
+    assert (work / "reports" / "default" / "index.html").is_file()
+    assert "report:" in proc.stdout + proc.stderr  # the closing summary names the report
+
+
+def test_the_ci_command_is_the_readme_test_command():
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    flat = re.sub(r"\s*\\\n\s*", " ", ci).replace("python3 -m pip", "pip").replace("python3 -m ", "")
+    flat = re.sub(r"\s+-q\b(?= )", "", flat)
+    readme = next(c for c, how in COMMANDS.items() if how == "ci" and "pytest" in c)
+    assert readme.replace("python -m pytest -q", "pytest") in flat.replace("pytest -q", "pytest")
+    assert 'pip install -e ".[test,slurm]"' in flat  # the slurm extra's install is part of it
+
+
+def test_the_gpu_extra_is_pinned():
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    # the kernel packages pinned to versions seen working together on the H200 (triton follows torch)
+    pinned = {req.split("==")[0].split("[")[0] for req in extras["gpu"] if "==" in req}
+    assert {"flash-attn-4", "nvidia-cutlass-dsl", "nvidia-cudnn-frontend", "fla-core"} <= pinned
+    assert "slurm" in extras
+
+
+def test_every_spec_snippet_loads():
+    from longca.spec.load import load_spec
+
+    snippets = [b for b in blocks("yaml") if "sweeps:" in b]
+    assert snippets
+    for text in snippets:
+        spec = load_spec(text=text.replace("description: ...", "description: README example"))
+        assert spec.sweeps
+
+
+def test_the_profile_snippet_names_keys_the_slurm_profile_has():
+    profile = yaml.safe_load((ROOT / "profiles" / "slurm" / "config.yaml").read_text())
+    snippet = next(b for b in blocks("yaml") if "default-resources" in b)
+    keys = set(yaml.safe_load(snippet)["default-resources"])
+    known = set(profile.get("default-resources", {})) | {"slurm_partition", "slurm_account", "constraint"}
+    assert keys <= known, keys - known
+
+
+def test_the_sql_examples_run_on_the_published_set():
+    docs = [README, ROOT / "docs" / "schema.md"]
+    queries = [q for path in docs for q in blocks("sql", path)]
+    assert queries
+    for q in queries:
+        rows = duckdb.connect().execute(q.replace("'results/", f"'{ROOT}/results/")).fetchall()
+        assert rows
