@@ -110,7 +110,8 @@ header .title { font-size: 1.2em; font-weight: bold; margin-right: 2em; }
 main { padding: 1em 1.5em; max-width: 1400px; }
 h2 { border-bottom: 1px solid #ddd; padding-bottom: .2em; margin-top: 1.6em; }
 .chart { margin: 1em 0 2em; }
-.vega-embed { display: flex !important; flex-direction: column; }
+/* a chart's dropdowns above it, not under a tall chart */
+.vega-embed .chart-wrapper { display: flex; flex-direction: column; align-items: flex-start; }
 .vega-embed .vega-bindings { order: -1; margin: 0 0 .6em; }
 .vega-bind { display: inline-block; margin-right: 1.4em; font-weight: 600; }
 .chart .caption, .note { color: #555; font-size: .9em; max-width: 60em; }
