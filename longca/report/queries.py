@@ -340,8 +340,9 @@ def length_label(n: int) -> str:
 
 def series_table(ok: pl.DataFrame, mask: str, shapes: Sequence[str]) -> tuple[pl.DataFrame, list[str], list[str]]:
     """The numbers under a mask's throughput chart: one row per (shape, pass, kernel, machine), one
-    column per length (TFLOP/s, exact mask area, median over the cell's rows), and the command that
-    measures the row's cells again. Returns (table, columns, numeric columns)."""
+    column per length (TFLOP/s, exact mask area, median over the cell's rows), the command that
+    measures the row's cells again and the commit(s) they were measured at. Returns (table,
+    columns, numeric columns)."""
     from longca.report.repro import repro_series_command
 
     df = ok.filter(pl.col("mask") == mask)
@@ -356,6 +357,15 @@ def series_table(ok: pl.DataFrame, mask: str, shapes: Sequence[str]) -> tuple[pl
         *[pl.col(c).first() for c in ("heads_q", "heads_kv", "head_dim", "dtype", "batch", "mask", "spec")],
         pl.col("sweep").unique().sort().alias("sweeps"),
         pl.col("spec").n_unique().alias("_specs"),
+        # the commit(s) the series was measured at, short (a cell's may list several)
+        pl.col("git_commit")
+        .str.split(", ")
+        .list.explode(keep_nulls=False, empty_as_null=False)
+        .str.slice(0, 8)
+        .unique()
+        .sort()
+        .str.join(", ")
+        .alias("commit"),
     )
     fixed = fixed.with_columns(
         repro=pl.struct(pl.all()).map_elements(
@@ -366,7 +376,7 @@ def series_table(ok: pl.DataFrame, mask: str, shapes: Sequence[str]) -> tuple[pl
     pass_rank = pl.col("pass").replace_strict({"fwd": 0, "bwd": 1, "fwd_bwd": 2}, default=3, return_dtype=pl.Int8)
     shape_rank = pl.col("shape").replace_strict({s: i for i, s in enumerate(shapes)}, default=len(shapes))
     table = (
-        wide.join(fixed.select(*keys, "repro"), on=keys)
+        wide.join(fixed.select(*keys, "repro", "commit"), on=keys)
         .with_columns(_s=shape_rank, _p=pass_rank)
         .sort("_s", "_p", "kernel", "machine")
         .drop("_s", "_p")
@@ -374,7 +384,7 @@ def series_table(ok: pl.DataFrame, mask: str, shapes: Sequence[str]) -> tuple[pl
     cols = [length_label(n) for n in lengths]
     table = table.with_columns([pl.col(c).round(0).cast(pl.Int64) for c in cols])
     multi = table.get_column("machine").n_unique() > 1
-    shown = ["shape", "pass", "kernel", *(["machine"] if multi else []), *cols, "repro"]
+    shown = ["shape", "pass", "kernel", *(["machine"] if multi else []), *cols, "repro", "commit"]
     return table, shown, cols
 
 

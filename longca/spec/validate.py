@@ -140,6 +140,20 @@ def _check_mask_fits(sw, where: str) -> None:
                         f"{value}{given} exceeds the sweep's length {s} (seqlens.{i}); allowed: at most the "
                         f"sequence length, or exclude that length for this mask",
                     )
+        density = params.get("density")
+        block = params.get("block") or params.get("mean_block")
+        if density is None or not block:
+            continue
+        for i, s in enumerate(sw.seqlens):
+            # top-k keeps round(density x key blocks) per query block, at least one: below half a
+            # block the density asked for cannot be met (one block would be kept instead)
+            n_blocks = math.ceil(s / block)
+            if density * n_blocks < 0.5 and not _excluded_by_rule(sw, {"mask": m.name, "seqlen": s}):
+                raise SpecError(
+                    f"{where}.masks.{j}.density",
+                    f"{density} keeps no key block at length {s} ({n_blocks} blocks of {block}; seqlens.{i}); "
+                    f"allowed: at least {0.5 / n_blocks:.3g} at that length, a longer length, or exclude it",
+                )
 
 
 def _excluded_by_rule(sw, values: dict[str, Any]) -> bool:

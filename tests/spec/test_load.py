@@ -170,6 +170,12 @@ BAD = [
         "sweeps.0.masks.0.mean_block",
         ["512 (its default) exceeds the sweep's length 256"],
     ),
+    # a density below half a key block per row keeps one block, not what was asked
+    (
+        spec_with(masks=[{"name": "block_sparse", "block": 128, "density": 0.2}]),
+        "sweeps.0.masks.0.density",
+        ["0.2 keeps no key block at length 256", "2 blocks of 128", "at least 0.25"],
+    ),
     (spec_with(kernels=["naive", "naive"]), "sweeps.0.kernels", ["twice"]),
     (spec_with(sweeps=[{"name": "a"}, {"name": "a"}]), "sweeps.1.name", ["duplicate"]),
     (spec_with(sweeps=[{"name": "bad name!"}]), "sweeps.0.name", ["bad name!"]),
