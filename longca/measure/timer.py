@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from longca.measure.stats import MedianCI, median_ci, min_samples
+
 L2_FLUSH_BYTES = 256 * 1024 * 1024  # larger than any current GPU's L2 (H200: 60 MB)
 # Suffix of a row's `timer` when its backward samples all ran on one forward's retained graph
 # (`repeat.backward: retained_graph`) instead of after a fresh forward each.
@@ -36,6 +38,20 @@ class Timing:
     warmup_wall_s: float = 0.0  # wall time of the warm-up iterations (compile_s included)
     wall_s: float = 0.0  # wall time of the whole timer call: warm-up, `before` calls, flushes, timed calls
     extra: dict = field(default_factory=dict)
+    ci_target: float | None = None  # the relative half-width the adaptive protocol sampled for
+
+    @property
+    def ci(self) -> MedianCI:
+        """The distribution-free 95% interval of the median (longca.measure.stats)."""
+        return median_ci(self.samples_ms)
+
+    @property
+    def ci_met(self) -> bool | None:
+        """Whether the interval reached the target (None without one)."""
+        if self.ci_target is None:
+            return None
+        ci = self.ci
+        return ci.covered and ci.half_width(self.median_ms) <= self.ci_target
 
     @property
     def median_ms(self) -> float:
@@ -60,6 +76,7 @@ def time_under(timer, fn: Callable[[], object], repeat: dict, before: Callable[[
         budget_s=repeat["budget_s"],
         warmup_s=repeat.get("warmup_s"),
         before=before,
+        ci_target=repeat.get("ci_target"),
     )
 
 
@@ -104,8 +121,15 @@ class Timer:
         budget_s: float = 10.0,
         before: Callable[[], None] | None = None,
         warmup_s: float | None = None,
+        ci_target: float | None = None,
     ) -> Timing:
-        """`warmup` iterations at most; with `warmup_s`, stop once one ran and they took >= warmup_s."""
+        """`warmup` iterations at most; with `warmup_s`, stop once one ran and they took >= warmup_s.
+
+        Timed calls: without `ci_target`, as many as `budget_s` allows at the first call's pace,
+        between `min_iters` and `iters`. With `ci_target` (adaptive): in batches, each as large as
+        the samples so far, until the 95% interval of the median is within +-ci_target of it, or
+        `iters` calls, or `budget_s` of timed wall time; never fewer than `min_iters`, nor fewer than
+        the interval needs (6; 3 for calls over 1 s, whose interval then stays the full range)."""
         if warmup_s is not None and not warmup_s > 0:
             raise ValueError(f"warmup_s must be positive, got {warmup_s!r}")
         t_start = time.perf_counter()
@@ -130,13 +154,11 @@ class Timer:
             before()
         first = self._elapsed_ms(self._start_one(fn))  # waits for the call: a steady iteration's wall
         steady_wall = time.perf_counter() - t0
-        n = _plan_iters(self._agree(first), iters, min_iters, budget_s)
-        handles = []
-        for _ in range(n - 1):
-            if before:
-                before()
-            handles.append(self._start_one(fn))
-        samples = [first] + [self._elapsed_ms(h) for h in handles]  # the last read waits for the device
+        if ci_target is None:
+            n = _plan_iters(self._agree(first), iters, min_iters, budget_s)
+            samples = [first] + self._batch(fn, n - 1, before)
+        else:
+            samples = self._adaptive(fn, first, t0, iters, min_iters, budget_s, ci_target, before)
         compile_s = max(first_wall - steady_wall, 0.0) if first_wall is not None else 0.0
         return Timing(
             samples,
@@ -148,7 +170,48 @@ class Timer:
             compile_s=compile_s,
             warmup_wall_s=warmup_wall,
             wall_s=time.perf_counter() - t_start,
+            ci_target=ci_target,
         )
+
+    def _batch(self, fn: Callable[[], object], n: int, before: Callable[[], None] | None) -> list[float]:
+        """`n` timed calls issued back to back, then read (the last read waits for the device)."""
+        handles = []
+        for _ in range(n):
+            if before:
+                before()
+            handles.append(self._start_one(fn))
+        return [self._elapsed_ms(h) for h in handles]
+
+    def _adaptive(
+        self,
+        fn: Callable[[], object],
+        first: float,
+        t_first: float,
+        iters: int,
+        min_iters: int,
+        budget_s: float,
+        ci_target: float,
+        before: Callable[[], None] | None,
+    ) -> list[float]:
+        """Timed calls until the median's 95% interval is within +-ci_target (see `time`)."""
+        if not 0 < ci_target < 1:
+            raise ValueError(f"ci_target must be in (0, 1), got {ci_target!r}")
+        floor = max(min_iters, 3 if self._agree(first) >= 1000.0 else min_samples())
+        samples = [first]
+        batch = min(floor, iters) - 1
+        while True:
+            samples += self._batch(fn, max(batch, 0), before)
+            spent = time.perf_counter() - t_first
+            ci = median_ci(samples)
+            med = float(np.median(samples))
+            done = len(samples) >= floor and ci.covered and ci.half_width(med) <= ci_target
+            more = not done and len(samples) < iters and spent < budget_s
+            # every rank of a group takes the same decision (any rank wanting more: all continue)
+            if not self._agree(1.0 if more else 0.0):
+                return samples
+            pace = spent / len(samples)
+            left = int((budget_s - spent) / max(pace, 1e-9))
+            batch = max(1, min(len(samples), iters - len(samples), left))
 
 
 class CpuTimer(Timer):

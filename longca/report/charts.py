@@ -54,8 +54,13 @@ TOOLTIP = (
     "cp_degrees",
     "cp_balance",
     "tflops",
+    "tflops_ci_low",
+    "tflops_ci_high",
     "tokens_per_s",
     "median_ms",
+    "ci_low_ms",
+    "ci_high_ms",
+    "ci_met",
     "p20_ms",
     "p80_ms",
     "peak_mem_gib",
@@ -145,6 +150,8 @@ _DRAWN = {
     "margin",
     "kernels",
     "pct_matmul",
+    "lead_clear",
+    "runner_up_tflops_ci_high",
     "matmul_tflops",
     "page",
 }
@@ -394,9 +401,16 @@ def choose_chart(best: pl.DataFrame, kernels: Sequence[str]) -> ChartSpec | None
                 pl.col("kernel"),
                 pl.lit("\n"),
                 pl.col("tflops").round(0).cast(pl.Int64).cast(pl.String),
-                pl.when(pl.col("margin").is_not_null())
-                .then(pl.format(" · +{}%", (pl.col("margin") * 100).round(0).cast(pl.Int64)))
-                .otherwise(pl.lit(" · alone")),
+                pl.when(pl.col("margin").is_null())
+                .then(pl.lit(" · alone"))
+                .otherwise(
+                    pl.format(
+                        " · {}+{}%",
+                        # "~": the two kernels' 95% intervals overlap (a lead within the noise)
+                        pl.when(pl.col("lead_clear").fill_null(False)).then(pl.lit("")).otherwise(pl.lit("~")),
+                        (pl.col("margin") * 100).round(0).cast(pl.Int64),
+                    )
+                ),
             ]
         ),
     )
@@ -453,9 +467,9 @@ def choose_chart(best: pl.DataFrame, kernels: Sequence[str]) -> ChartSpec | None
         query="fastest ok single-device softmax kernel per mask, length, heads, head dim, dtype, pass",
         caption="Pick heads, head dim, dtype and pass above. Each square: the fastest kernel that ran (ok) at that "
         "mask and length, its TFLOP/s (exact mask area) and its lead over the runner-up in per cent ('alone': "
-        f"no other kernel ran there); the tooltip names the runner-up{ceiling}, the command that measures the cell "
-        "again and the commit it was measured at. A lead of a few per cent is within run-to-run noise. Click a "
-        "square for the mask's page.",
+        "no other kernel ran there; '~': the 95% intervals of the two medians overlap, so the lead is within "
+        f"the timing noise); the tooltip names the runner-up, both intervals{ceiling}, the command that measures "
+        "the cell again and the commit it was measured at. Click a square for the mask's page.",
     )
 
 

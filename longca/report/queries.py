@@ -12,6 +12,8 @@ from collections.abc import Sequence
 
 import polars as pl
 
+from longca.measure.stats import ranks
+
 SPARSE_MASKS = ("block_sparse", "variable_block_sparse")
 FAILED = ("error", "incorrect", "timeout")
 # worst status wins when a cell's rows disagree
@@ -83,6 +85,8 @@ _FIRST = (
 )
 _MEDIAN = (
     "tflops",
+    "tflops_ci_low",
+    "tflops_ci_high",
     "tokens_per_s",
     "median_ms",
     "p20_ms",
@@ -103,6 +107,26 @@ def _machine() -> pl.Expr:
     return pl.concat_str(
         [pl.col("device_name").fill_null("unknown device"), pl.lit(" @ "), pl.col("host").fill_null("unknown host")]
     )
+
+
+def _with_sample_ci(rows: pl.DataFrame) -> pl.DataFrame:
+    """Rows with `ci_low_ms`/`ci_high_ms` filled from their samples where they predate the stored
+    interval (schema < 4): the same order statistics (longca.measure.stats), the ranks looked up
+    once per sample count."""
+    if "samples_ms" not in rows.columns or rows.height == 0:
+        return rows
+    n = pl.col("samples_ms").list.len()
+    counts = [int(v) for v in rows.select(n.unique()).to_series().drop_nulls() if v]
+    lows = {c: ranks(c)[0] - 1 for c in counts}
+    highs = {c: ranks(c)[1] - 1 for c in counts}
+    ordered = pl.col("samples_ms").list.sort()
+    low = ordered.list.get(n.replace_strict(lows, default=None, return_dtype=pl.Int64), null_on_oob=True)
+    high = ordered.list.get(n.replace_strict(highs, default=None, return_dtype=pl.Int64), null_on_oob=True)
+    for name, expr in (("ci_low_ms", low), ("ci_high_ms", high)):
+        rows = rows.with_columns(
+            pl.coalesce(pl.col(name), expr).alias(name) if name in rows.columns else expr.alias(name)
+        )
+    return rows
 
 
 def derive(rows: pl.DataFrame) -> pl.DataFrame:
@@ -126,17 +150,25 @@ def derive(rows: pl.DataFrame) -> pl.DataFrame:
     machine = _machine()
     fallback = pl.concat_str([pl.col(c).cast(pl.String).fill_null("") for c in _DEFINING], separator="|")
     rank_ms, rank_area = pl.col("rank_ms"), pl.col("rank_area").cast(pl.List(pl.Float64))
-    return rows.with_columns(
-        attn=attn,
-        shape=shape,
-        machine=machine,
-        cell_key=pl.coalesce(pl.col("cell_digest"), pl.col("cell_id"), fallback),
-        world_size=pl.col("world_size").fill_null(1),
-        kernel_family=pl.col("kernel_family").fill_null("softmax"),
-        status_rank=pl.col("status").replace_strict(_STATUS_RANK, default=5, return_dtype=pl.Int8),
-        comm_share=pl.col("comm_exposed_ms") / pl.col("median_ms"),
-        imbalance_time=rank_ms.list.max() / rank_ms.list.mean(),
-        imbalance_area=rank_area.list.max() / rank_area.list.mean(),
+    return (
+        _with_sample_ci(rows)
+        .with_columns(
+            attn=attn,
+            shape=shape,
+            machine=machine,
+            cell_key=pl.coalesce(pl.col("cell_digest"), pl.col("cell_id"), fallback),
+            world_size=pl.col("world_size").fill_null(1),
+            kernel_family=pl.col("kernel_family").fill_null("softmax"),
+            status_rank=pl.col("status").replace_strict(_STATUS_RANK, default=5, return_dtype=pl.Int8),
+            comm_share=pl.col("comm_exposed_ms") / pl.col("median_ms"),
+            imbalance_time=rank_ms.list.max() / rank_ms.list.mean(),
+            imbalance_area=rank_area.list.max() / rank_area.list.mean(),
+        )
+        .with_columns(
+            # the TFLOP/s interval of the time's 95% interval (its ends swap: less time, more TFLOP/s)
+            tflops_ci_low=pl.col("tflops") * pl.col("median_ms") / pl.col("ci_high_ms"),
+            tflops_ci_high=pl.col("tflops") * pl.col("median_ms") / pl.col("ci_low_ms"),
+        )
     )
 
 
@@ -312,13 +344,20 @@ def choose(c: pl.DataFrame, ceilings: pl.DataFrame | None = None) -> pl.DataFram
         rank=pl.col("tflops").rank("ordinal", descending=True).over(keys)
     )
     runner = ranked.filter(pl.col("rank") == 2).select(
-        *keys, runner_up=pl.col("kernel"), runner_up_tflops=pl.col("tflops")
+        *keys,
+        runner_up=pl.col("kernel"),
+        runner_up_tflops=pl.col("tflops"),
+        runner_up_tflops_ci_high=pl.col("tflops_ci_high"),
     )
     best = (
         ranked.filter(pl.col("rank") == 1)
         .join(runner, on=keys, how="left")
         .join(ranked.group_by(keys).agg(kernels=pl.len()), on=keys, how="left")  # how many ran there
-        .with_columns(margin=pl.col("tflops") / pl.col("runner_up_tflops") - 1.0)
+        .with_columns(
+            margin=pl.col("tflops") / pl.col("runner_up_tflops") - 1.0,
+            # the lead is clear when the two 95% intervals of the medians do not overlap
+            lead_clear=pl.col("tflops_ci_low") > pl.col("runner_up_tflops_ci_high"),
+        )
         .drop("rank")
     )
     if ceilings is not None and ceilings.height:

@@ -310,7 +310,7 @@ def measure(cell: Cell, rank: int, world: int, device: torch.device, kernel, sam
     bytes_per_iter = comm.bytes_sent // max(1, timing.timed_iters + timing.warmup_iters)
     peak = int(torch.cuda.max_memory_allocated()) if device.type == "cuda" else None
     comm.enabled = False  # the same local attention calls with communication removed
-    free = time_under(timer, run, dict(rep, warmup=0, iters=timing.timed_iters, min_iters=1))
+    free = time_under(timer, run, dict(rep, warmup=0, iters=timing.timed_iters, min_iters=1, ci_target=None))
     comm.enabled = True
     clock1 = gpu_clock_state() if device.type == "cuda" else {}
     per_rank = _gather(

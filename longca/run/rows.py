@@ -116,6 +116,7 @@ def timing_columns(timing: Timing, flops: float, tokens: int, world: int = 1) ->
     """The timing and throughput columns of one measurement. `flops`: the whole iteration's (all
     ranks); per-GPU TFLOP/s divides by `world`."""
     med = timing.median_ms
+    ci = timing.ci
     return {
         "timer": timing.timer,
         "warmup_iters": timing.warmup_iters,
@@ -125,6 +126,10 @@ def timing_columns(timing: Timing, flops: float, tokens: int, world: int = 1) ->
         "median_ms": med,
         "p20_ms": timing.p20_ms,
         "p80_ms": timing.p80_ms,
+        "ci_low_ms": ci.low,
+        "ci_high_ms": ci.high,
+        "ci_target": timing.ci_target,
+        "ci_met": timing.ci_met,
         "warmup_s": timing.warmup_wall_s,
         "timer_wall_s": timing.wall_s,
         "flops": flops,

@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from longca.vocab import Status
 
-SCHEMA_VERSION = 3  # 2: phase times check_s, timer_wall_s, warmup_s; 3: cooldown_s
+SCHEMA_VERSION = 4  # 2: phase times check_s, timer_wall_s, warmup_s; 3: cooldown_s; 4: ci_*
 
 STATUSES = tuple(s.value for s in Status)
 
@@ -86,6 +86,24 @@ _FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("median_ms", pa.float64(), ""),
     ("p20_ms", pa.float64(), ""),
     ("p80_ms", pa.float64(), ""),
+    (
+        "ci_low_ms",
+        pa.float64(),
+        "low end of the distribution-free 95% interval of the median, from the order statistics of "
+        "samples_ms (docs/measurement.md; since v4)",
+    ),
+    ("ci_high_ms", pa.float64(), "high end of that interval (since v4)"),
+    (
+        "ci_target",
+        pa.float64(),
+        "the relative half-width the adaptive protocol sampled for (repeat.ci_target); null without it (since v4)",
+    ),
+    (
+        "ci_met",
+        pa.bool_(),
+        "whether the interval reached ci_target (at least 6 samples and within +-ci_target of the "
+        "median) before iters or budget_s ran out; null without a target (since v4)",
+    ),
     ("mask_build_s", pa.float64(), "mask construction, outside kernel time"),
     ("compile_s", pa.float64(), "first warm-up call beyond a steady one (compilation, autotune), outside kernel time"),
     ("cell_wall_s", pa.float64(), "wall time of the whole cell"),

@@ -396,3 +396,24 @@ def test_a_check_never_runs_a_backward_in_a_dtype_the_kernel_has_none_for():
         assert checks_gradients(flex, fwd, cuda) is on_gpu
         assert checks_gradients(flex, bwd, cpu) is on_gpu  # (an fp8 bwd cell is planned unsupported first)
         assert checks_gradients(flex, fwd, cpu) is False
+
+
+def test_every_row_carries_the_interval_of_its_median_and_the_adaptive_protocol_says_if_met():
+    plain = run_cell(expand(spec("[naive]", masks="[full]"))[0])[0]
+    assert plain["ci_low_ms"] <= plain["median_ms"] <= plain["ci_high_ms"]
+    assert plain["ci_target"] is None and plain["ci_met"] is None
+    adaptive = spec(
+        "[naive]",
+        masks="[full]",
+        repeat="warmup: 1, iters: 400, min_iters: 1, budget_s: 2.0, l2_flush: false, ci_target: 0.5",
+    )
+    cell = expand(adaptive)[0]
+    row = run_cell(cell)[0]
+    assert row["status"] == "ok" and row["ci_target"] == 0.5
+    assert row["ci_met"] is True and row["timed_iters"] >= 6  # a loose target: met after the first batch
+    assert row["ci_low_ms"] <= row["median_ms"] <= row["ci_high_ms"]
+    assert cell.digest != expand(spec("[naive]", masks="[full]", repeat=adaptive_repeat_without_target()))[0].digest
+
+
+def adaptive_repeat_without_target() -> str:
+    return "warmup: 1, iters: 400, min_iters: 1, budget_s: 2.0, l2_flush: false"

@@ -38,6 +38,8 @@ CELLS = {
     "warm_count": cp_cell(pass_="fwd", repeat={"warmup": 3}),
     "warm_budget": cp_cell(pass_="fwd", repeat={"warmup": 3, "warmup_s": 1e-9}),  # ranks stop together
     "cooled": cp_cell(pass_="fwd", repeat={"cooldown_s": 0.2}),  # every rank idles before its warm-up
+    # the adaptive protocol: ranks decide together when the interval is narrow enough
+    "adaptive": cp_cell(pass_="fwd", repeat={"iters": 200, "budget_s": 5.0, "ci_target": 0.5}),
     # the spec's check applies: its reduced length, and one row per mask draw
     "short_check": cp_cell(seqlen=256, pass_="fwd", check={"max_seqlen": 128}),
     "draws": cp_cell(seqlen=256, pass_="fwd", mask="causal_document", cp_balance="document", samples=3),
@@ -108,6 +110,11 @@ def test_cells_become_rows(tmp_path):
     assert ok["tflops"] == ok["flops"] / (ok["median_ms"] * 1e-3 * 2) / 1e12
     assert ok["cp_degrees"] == '{"ring": 2, "ulysses": 1, "windows": 1}' and ok["layout"] == "bhsd"
     assert ok["backend"] == "naive" and ok["mask_form"] == "slices" and ok["device_count"] == 2
+
+    adaptive = rows["adaptive"]
+    assert adaptive["status"] == "ok" and adaptive["ci_target"] == 0.5 and adaptive["ci_met"] is True
+    assert adaptive["timed_iters"] >= 6 and adaptive["ci_low_ms"] <= adaptive["median_ms"] <= adaptive["ci_high_ms"]
+    assert ok["ci_target"] is None and ok["ci_low_ms"] <= ok["median_ms"] <= ok["ci_high_ms"]
 
     usp = rows["ok_usp_fwd"]
     assert usp["status"] == "ok", usp["reason"]
