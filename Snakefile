@@ -21,9 +21,9 @@ localrules:
 
 rule all:
     input:
-        # every cell file: Snakemake does not remake a deleted intermediate file whose consumer is
-        # up to date, so a deleted cell is rerun only when it is asked for here
-        CELL_OUTPUTS,
+        # the markers of the jobs with cells to write (common.smk removes a stale one, so a deleted
+        # cell's job runs again), not every cell path: Snakemake prints this list
+        JOB_MARKERS,
         AGGREGATE,
         REPORT_INDEX,
     default_target: True

@@ -100,7 +100,19 @@ CP_DTYPES = frozenset({"float64", "float32", "float16", "bfloat16"})
 
 # The axes a cell is selected by (`--only`, `exclude`): one name each, the row column's aliases
 # accepted. Values are compared after `normalise`.
-AXES = ("kernel", "mask", "seqlen", "heads", "head_dim", "dtype", "pass", "batch", "cp_mechanism", "world_size")
+AXES = (
+    "kernel",
+    "mask",
+    "mask_variant",  # the mask's parameters as one name (block-128_density-0.5, window-1024, default)
+    "seqlen",
+    "heads",
+    "head_dim",
+    "dtype",
+    "pass",
+    "batch",
+    "cp_mechanism",
+    "world_size",
+)
 AXIS_ALIASES: dict[str, str] = {
     "kernels": "kernel",
     "masks": "mask",
@@ -111,6 +123,7 @@ AXIS_ALIASES: dict[str, str] = {
     "dtypes": "dtype",
     "passes": "pass",
     "pass_": "pass",
+    "variant": "mask_variant",
     "mechanism": "cp_mechanism",
     "mechanisms": "cp_mechanism",
     "world_sizes": "world_size",

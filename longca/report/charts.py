@@ -37,6 +37,7 @@ LEN_LABEL = (
 TOOLTIP = (
     "kernel",
     "mask",
+    "mask_variant",
     "pass",
     "seqlen_q",
     "seqlen_k",

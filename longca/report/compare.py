@@ -185,7 +185,10 @@ def compare(base: str | Path, new: str | Path, threshold: float = 0.03) -> Compa
         spec, sweep = (
             (row.get("spec_new"), row.get("sweep_new")) if s_new is not None else (row.get("spec"), row.get("sweep"))
         )
-        rec["repro"] = repro_command({**rec, "spec": spec, "sweep": sweep}) if spec and sweep else None
+        variant = row.get("mask_variant_new") if s_new is not None else row.get("mask_variant")
+        rec["repro"] = (
+            repro_command({**rec, "spec": spec, "sweep": sweep, "mask_variant": variant}) if spec and sweep else None
+        )
         if s_base is None:
             rec["verdict"] = "only in new"
         elif s_new is None:

@@ -393,7 +393,10 @@ def series_table(ok: pl.DataFrame, mask: str, shapes: Sequence[str]) -> tuple[pl
         on="length", index=keys, values="tflops", aggregate_function="first"
     )
     fixed = df.group_by(keys).agg(
-        *[pl.col(c).first() for c in ("heads_q", "heads_kv", "head_dim", "dtype", "batch", "mask", "spec")],
+        *[
+            pl.col(c).first()
+            for c in ("heads_q", "heads_kv", "head_dim", "dtype", "batch", "mask", "mask_variant", "spec")
+        ],
         pl.col("sweep").unique().sort().alias("sweeps"),
         pl.col("spec").n_unique().alias("_specs"),
         # the commit(s) the series was measured at, short (a cell's may list several)

@@ -17,6 +17,7 @@ from longca.report.load import read_tables
 ONLY = (
     ("kernel", ("kernel",)),
     ("mask", ("mask",)),
+    ("mask_variant", ("mask_variant",)),
     ("seqlen", ("seqlen_q",)),
     ("heads", ("heads_q", "heads_kv")),
     ("head_dim", ("head_dim",)),

@@ -29,6 +29,9 @@ class Job:
     kind: str  # planned | device | cp
     cells: list[Cell]
     outputs: list[str]
+    # touched once every cell of the job is written: what the aggregate and `all` depend on, one
+    # short path per job instead of every cell's (Snakemake's lines stay readable at any size)
+    marker: str = ""
     gpus: int = 0
     tasks: int = 1
     runtime_min: int = 10
@@ -124,6 +127,7 @@ def plan_jobs(
                     kind=kind,
                     cells=pending,
                     outputs=outputs,
+                    marker=str(Path(results_dir) / spec.name / "jobs" / f"{name}.done"),
                     gpus=(world if kind == "cp" else 1) if on_gpu else 0,
                     tasks=world if kind == "cp" else 1,
                     threads=world if kind == "cp" else 1,

@@ -31,7 +31,7 @@ from longca.cli import main  # noqa: E402
             ["--sweep", "dense", "--only", "seqlen=1K"],
             "--only seqlen=1024: no cell of the selected sweeps has it; allowed: 256, 512",
         ),
-        (["--only", "colour=red"], "--only: unknown key 'colour'; allowed: kernel, mask, seqlen"),
+        (["--only", "colour=red"], "--only: unknown key 'colour'; allowed: kernel, mask, mask_variant, seqlen"),
     ],
 )
 def test_selection_matching_no_cell_is_an_error_naming_the_allowed_values(tmp_path, capsys, args, message):

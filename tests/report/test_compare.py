@@ -176,6 +176,7 @@ def test_every_matched_cell_carries_the_command_that_measures_it_again(tmp_path)
             "sweep": cell.sweep,
             "kernel": cell.kernel,
             "mask": cell.mask,
+            "mask_variant": cell.mask_variant,
             "seqlen_q": cell.seqlen,
             "heads_q": cell.heads_q,
             "heads_kv": cell.heads_kv,
@@ -194,6 +195,7 @@ def test_every_matched_cell_carries_the_command_that_measures_it_again(tmp_path)
             (cell.mask_variant, cell.cp_variant)
         }
         assert {c.partition[1:] == cell.partition[1:] for c in chosen} == {True}
+        assert {c.mask_variant for c in chosen} == {cell.mask_variant}  # one mask variant: the row's
     base = _write(tmp_path, "base", _base())
     rec = compare(base, base).records[0]
     assert rec["repro"].startswith("longca run --spec specs/s.yaml --sweep w --only kernel=")

@@ -1,6 +1,8 @@
 rule aggregate:
     input:
-        CELL_OUTPUTS,
+        # one marker per job that ran: every cell path here would make Snakemake's lines run to
+        # tens of thousands of characters (cells written by other means: `longca aggregate` by hand)
+        JOB_MARKERS,
     output:
         AGGREGATE,
     params:

@@ -8,6 +8,7 @@ for _job in JOBS:
             _job.name
         output:
             _job.outputs,
+            marker=_job.marker,
         log:
             f"{RESULTS}/{SPEC.name}/logs/{_job.name}.log",
         threads: _job.threads
@@ -20,7 +21,8 @@ for _job in JOBS:
         params:
             spec=SPEC_FILE,
             results=RESULTS,
+            cells=_job.outputs,
         # the whole output to the log; to the terminal, one line per finished cell (status, time, TFLOP/s)
         shell:
-            "longca run --spec {params.spec:q} --results {params.results:q} {output:q} 2>&1 | tee {log:q}"
-            " | {{ grep --line-buffered '^\\[longca\\] ' || true; }}"
+            "longca run --spec {params.spec:q} --results {params.results:q} {params.cells:q} 2>&1 | tee {log:q}"
+            " | {{ grep --line-buffered '^\\[longca\\] ' || true; }}; touch {output.marker:q}"
