@@ -253,7 +253,8 @@ def _family_pages(c: pl.DataFrame, peer: pl.DataFrame, local: pl.DataFrame | Non
         p_sparse.p(
             "Every block-sparse cell kernel by kernel: the same mask draw, length, heads and pass on one "
             "line, each kernel's TFLOP/s (exact kept area) where its cell is ok, otherwise its status "
-            "(the reason is on the Status page); best = the fastest ok kernel."
+            "(the reason is on the Status page); best = the fastest ok kernel; repro = the command that "
+            "measures the line's cells again."
         )
         p_sparse.table(
             _table(
@@ -270,6 +271,7 @@ def _family_pages(c: pl.DataFrame, peer: pl.DataFrame, local: pl.DataFrame | Non
                     *kernels,
                     "best",
                     "machine",
+                    "repro",
                 ],
                 numeric=["block_size", "density", "seqlen_q", *kernels],
             )

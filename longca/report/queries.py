@@ -382,7 +382,7 @@ def series_table(ok: pl.DataFrame, mask: str, shapes: Sequence[str]) -> tuple[pl
     column per length (TFLOP/s, exact mask area, median over the cell's rows), the command that
     measures the row's cells again and the commit(s) they were measured at. Returns (table,
     columns, numeric columns)."""
-    from longca.report.repro import repro_series_command
+    from longca.report.repro import repro_selection_command
 
     df = ok.filter(pl.col("mask") == mask)
     if df.is_empty():
@@ -411,7 +411,11 @@ def series_table(ok: pl.DataFrame, mask: str, shapes: Sequence[str]) -> tuple[pl
     )
     fixed = fixed.with_columns(
         repro=pl.struct(pl.all()).map_elements(
-            lambda r: repro_series_command(r["spec"], r["sweeps"], r) if r["_specs"] == 1 and r["spec"] else None,
+            lambda r: (
+                repro_selection_command(r["spec"], r["sweeps"], r, omit=("seqlen",))
+                if r["_specs"] == 1 and r["spec"]
+                else None
+            ),
             pl.String,
         )
     )
@@ -763,7 +767,31 @@ def sparse_side_by_side(c: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
     )
     kernels = sorted(shown.get_column("kernel").unique().to_list())
     wide = shown.pivot(on="kernel", index=keys, values="value", aggregate_function="first")
-    layout = d.group_by(keys).agg(pl.col("block_size").first(), pl.col("density").median())
+    from longca.report.repro import repro_selection_command
+
+    layout = (
+        d.group_by(keys)
+        .agg(
+            pl.col("block_size").first(),
+            pl.col("density").median(),
+            pl.col("batch").first(),
+            pl.col("spec").first(),
+            pl.col("spec").n_unique().alias("_specs"),
+            pl.col("sweep").unique().sort().alias("sweeps"),
+        )
+        # the command that measures the line's cells again, every kernel of it
+        .with_columns(
+            repro=pl.struct(pl.all()).map_elements(
+                lambda r: (
+                    repro_selection_command(r["spec"], r["sweeps"], r, omit=("kernel",))
+                    if r["_specs"] == 1 and r["spec"]
+                    else None
+                ),
+                pl.String,
+            )
+        )
+        .drop("batch", "spec", "_specs", "sweeps")
+    )
     best = (
         d.filter(ok)
         .sort("tflops", descending=True)
@@ -775,7 +803,7 @@ def sparse_side_by_side(c: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
         .join(best, on=keys, how="left", nulls_equal=True)
         .sort("mask", "block_size", "mask_variant", "heads_kv", "seqlen_q", "pass", nulls_last=True)
     )
-    return table.select(*keys, "block_size", "density", *kernels, "best"), kernels
+    return table.select(*keys, "block_size", "density", *kernels, "best", "repro"), kernels
 
 
 def linear_vs_softmax(c: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:

@@ -36,14 +36,14 @@ def repro_command(row: dict[str, Any]) -> str:
     return shlex.join(args)
 
 
-def repro_series_command(spec: str, sweeps: Sequence[str], row: dict[str, Any]) -> str:
-    """`longca run` for every length of one series (a table row): the row's axes but the length,
-    over each sweep its cells come from."""
+def repro_selection_command(spec: str, sweeps: Sequence[str], row: dict[str, Any], omit: Sequence[str]) -> str:
+    """`longca run` for the cells of one table row: the row's axes but the `omit`ted ones (a length
+    series omits "seqlen", a kernel-by-kernel line "kernel"), over each sweep its cells come from."""
     args = ["longca", "run", "--spec", f"specs/{spec}.yaml"]
     for sweep in sorted(set(sweeps)):
         args += ["--sweep", str(sweep)]
     for key, columns in ONLY:
-        if key != "seqlen":
+        if key not in omit:
             args += ["--only", f"{key}=" + ":".join(str(row[c]) for c in columns)]
     return shlex.join(args)
 

@@ -265,7 +265,7 @@ def test_sparse_vs_dense_reads_the_dense_full_mask_cell_of_the_same_shape() -> N
 
 
 def test_sparse_side_by_side_puts_each_kernels_figure_or_status_on_one_line() -> None:
-    sparse = dict(mask="block_sparse", block_size=64, density=0.5, mask_variant="b64-d0.5")
+    sparse = dict(mask="block_sparse", block_size=64, density=0.5, mask_variant="b64-d0.5", spec="s", sweep="sparse")
     rows = [
         _row("triton_block_sparse", s=16384, tflops=440.0, cell_id="t", **sparse),
         _row("vsa_triton", s=16384, tflops=385.0, cell_id="v", **sparse),
@@ -285,6 +285,10 @@ def test_sparse_side_by_side_puts_each_kernels_figure_or_status_on_one_line() ->
     assert gqa["best"] == "triton_block_sparse"
     assert (mha["vsa_triton"], mha["flex"], mha["flashinfer_block_sparse"]) == ("385.0", "116.0", "unsupported")
     assert mha["best"] == "triton_block_sparse" and mha["block_size"] == 64 and mha["density"] == 0.5
+    # the line's command: every kernel of it, this mask variant, length, heads and pass
+    only = mha["repro"].split(" --only ")[1:]
+    assert "mask_variant=b64-d0.5" in only and "heads=8:8" in only and "seqlen=16384" in only
+    assert not any(o.startswith("kernel=") for o in only) and mha["repro"].startswith("longca run --spec specs/")
     assert queries.sparse_side_by_side(_cells(rows[-1:]))[1] == []
 
 
