@@ -22,6 +22,7 @@ import longca
 from longca.report import assets, ceilings, charts, cp_local, export, fidelity, gallery, load, pages, peers, queries
 from longca.report.charts import ChartSpec
 from longca.report.pages import Page, Table
+from longca.report.repro import with_repro
 from longca.store.write import PUBLISHED_ZSTD_LEVEL, write_table
 
 
@@ -296,7 +297,7 @@ def _family_pages(c: pl.DataFrame, peer: pl.DataFrame, local: pl.DataFrame | Non
         )
         p_cp.table(
             _table(
-                vs.with_columns(heads=pl.format("{}:{}", "heads_q", "heads_kv")),
+                with_repro(vs).with_columns(heads=pl.format("{}:{}", "heads_q", "heads_kv")),
                 [
                     "mask",
                     "heads",
@@ -310,6 +311,7 @@ def _family_pages(c: pl.DataFrame, peer: pl.DataFrame, local: pl.DataFrame | Non
                     "single_tflops",
                     "ratio",
                     "device_name",
+                    "repro",
                 ],
                 numeric=["tokens_per_gpu", "world_size", "tflops", "single_tflops", "ratio"],
             )
@@ -365,7 +367,8 @@ def _shapes_page(c: pl.DataFrame) -> Page:
             "TFLOP/s (exact mask area) of each kernel at every measured head dim and dtype, everything else "
             "equal (mask and its number of draws, pass, length, heads, machine); an empty field: no ok cell "
             "of that variant with the same draws (a failed cell is on the Status page). A row's figures may "
-            "come from several sweeps (named last), each under its own measurement protocol."
+            "come from several sweeps (named last), each under its own measurement protocol; repro = the "
+            "command that measures the line's cells again."
         )
         page.table(
             _table(
@@ -381,6 +384,7 @@ def _shapes_page(c: pl.DataFrame) -> Page:
                     *variants,
                     "sweeps",
                     "machine",
+                    "repro",
                 ],
                 numeric=["mask_samples", "seqlen_q", *variants],
             )

@@ -307,9 +307,28 @@ def shape_table(study: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
     order = d.select("head_dim", "dtype", "variant").unique().sort("head_dim", "dtype").get_column("variant").to_list()
     keys = [k for k in _SHAPE_FIXED if k not in ("mask_variant", "mask_samples")] + ["mask_variant", "mask_samples"]
     wide = d.pivot(on="variant", index=keys, values="tflops", aggregate_function="max")
-    sweeps = d.group_by(keys).agg(pl.col("sweep").drop_nulls().unique().sort().str.join(", ").alias("sweeps"))
+    from longca.report.repro import repro_selection_command
+
+    sweeps = d.group_by(keys).agg(
+        pl.col("sweep").drop_nulls().unique().sort().str.join(", ").alias("sweeps"),
+        pl.col("sweep").drop_nulls().unique().sort().alias("_sweeps"),
+        pl.col("spec").first().alias("spec"),
+        pl.col("spec").n_unique().alias("_specs"),
+        pl.col("batch").first().alias("batch"),
+    )
+    # the command that measures the line's cells again: its axes but head dim and dtype
+    sweeps = sweeps.with_columns(
+        repro=pl.struct(pl.all()).map_elements(
+            lambda r: (
+                repro_selection_command(r["spec"], r["_sweeps"], r, omit=("head_dim", "dtype"))
+                if r["_specs"] == 1 and r["spec"]
+                else None
+            ),
+            pl.String,
+        )
+    ).select(*keys, "sweeps", "repro")
     out = wide.join(sweeps, on=keys, how="left")
-    return out.select([*keys, *order, "sweeps"]).sort(keys), order
+    return out.select([*keys, *order, "sweeps", "repro"]).sort(keys), order
 
 
 def best_kernel(c: pl.DataFrame) -> pl.DataFrame:

@@ -36,6 +36,18 @@ def repro_command(row: dict[str, Any]) -> str:
     return shlex.join(args)
 
 
+def with_repro(cells: pl.DataFrame) -> pl.DataFrame:
+    """`cells` (one row per cell, with its axes, spec and sweep) with a `repro` column: its command."""
+    needed = {c for _, cols in ONLY + CP_ONLY for c in cols} | {"spec", "sweep"}
+    if cells.is_empty() or not needed <= set(cells.columns):
+        return cells.with_columns(repro=pl.lit(None, pl.String))
+    return cells.with_columns(
+        repro=pl.struct(*sorted(needed)).map_elements(
+            lambda r: repro_command(r) if r["spec"] and r["sweep"] else None, pl.String
+        )
+    )
+
+
 def repro_selection_command(spec: str, sweeps: Sequence[str], row: dict[str, Any], omit: Sequence[str]) -> str:
     """`longca run` for the cells of one table row: the row's axes but the `omit`ted ones (a length
     series omits "seqlen", a kernel-by-kernel line "kernel"), over each sweep its cells come from."""

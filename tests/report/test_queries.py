@@ -582,6 +582,16 @@ def test_shape_study_is_taken_at_the_length_with_most_head_dims_and_dtypes() -> 
     assert [by_kernel["b"][v] for v in variants] == [150.0, 250.0, None, None]
 
 
+def test_each_shape_line_carries_the_command_that_measures_its_cells_again() -> None:
+    where = dict(spec="s", sweep="shapes", mask_variant="default")
+    c = _cells([_shape("a", 4096, 128, **where), _shape("a", 4096, 64, **where), _shape("a", 4096, 256, **where)])
+    table, _ = queries.shape_table(queries.shape_study(c))
+    only = table.get_column("repro")[0].split(" --only ")[1:]
+    assert table.get_column("repro")[0].startswith("longca run --spec specs/s.yaml --sweep shapes ")
+    assert "kernel=a" in only and "seqlen=4096" in only and "mask_variant=default" in only
+    assert not any(o.startswith(("head_dim=", "dtype=")) for o in only)  # every variant of the line
+
+
 def test_shape_study_of_rows_with_one_head_dim_is_empty() -> None:
     c = _cells([_shape("a", 1024, 128), _shape("a", 4096, 128)])
     assert queries.shape_study(c).is_empty()
