@@ -22,7 +22,9 @@ from longca.spec.load import load_spec
 STATIC = sorted(n for n, p in PATTERNS.items() if p.family != "dynamic")
 
 
-def _spec(device: str, kernels: list[str], masks: str = "[causal, causal_document, share_question]"):
+def _spec(
+    device: str, kernels: list[str], masks: str = "[causal, causal_document, share_question]", head_dims: str = "[64]"
+):
     return load_spec(
         text=f"""
 name: t
@@ -31,7 +33,7 @@ kernels: {kernels}
 masks: {masks}
 seqlens: [256]
 heads: ["4:2"]
-head_dims: [64]
+head_dims: {head_dims}
 dtypes: [bfloat16]
 passes: [fwd, bwd]
 check: {{max_seqlen: 256}}
@@ -49,6 +51,8 @@ def test_capabilities_are_declared_as_data():
         "flash_attn.cute",
     )
     assert flash.mask_forms == frozenset({"blockmask"}) and flash.backward and flash.cp is None
+    # FA4's sm90 tiles at head dim 256 are 80 keys wide, which no 128-block BlockMask divides
+    assert flash.head_dims == frozenset({64, 128})
     cudnn = registry.get("cudnn_flex").caps
     assert cudnn.mask_forms == frozenset({"intervals"}) and cudnn.package == "cudnn.flex_attention"
     varlen = registry.get("cudnn_flex_varlen").caps
@@ -76,6 +80,13 @@ def test_planning_marks_what_the_kernels_cannot_serve():
     assert reasons[("cudnn_flex_varlen", "causal_document")] is None
     assert "mask causal not supported" in reasons[("cudnn_flex_varlen", "causal")]
     assert reasons[("flex_fa4", "block_sparse")] is None  # a BlockMask from the kept blocks
+
+
+def test_planning_marks_flex_fa4_at_head_dim_256():
+    cells = expand(_spec("cuda", ["flex_fa4", "cudnn_flex"], head_dims="[64, 256]"))
+    reasons = {(c.kernel, c.head_dim): planned_unsupported(c) for c in cells}
+    assert "head dim 256" in reasons[("flex_fa4", 256)]
+    assert reasons[("flex_fa4", 64)] is None and reasons[("cudnn_flex", 256)] is None
 
 
 def test_on_the_cpu_every_cell_is_an_unsupported_row_with_the_reason():

@@ -268,9 +268,10 @@ class FlexAttentionFlash(FlexAttention):
     >= 2.11 with `flash-attn-4` installed): the same compiled flex_attention and the same BlockMask
     (128 x 128 blocks from the slices, the mask_mod reading per-query key intervals), lowered by
     Inductor to FA4's CuTe kernels instead of Flex's Triton template. Forward and backward on sm90
-    (H100/H200) and sm100; fp16/bf16. Its limits (head dims, block sizes the FA4 tiles take) are
-    the library's: a refusal at compile time is the row's `unsupported` reason
-    (docs/kernels.md records what the H200 showed)."""
+    (H100/H200) and sm100; fp16/bf16. Head dims 64 and 128 ran on the H200; at 256 FA4's sm90
+    kernel refuses the BlockMask ("Block sparsity requires sparse_block_size[1] to be a multiple of
+    tile_n=80": its 256-wide tiles are 80 keys, which no 128-block divides), so 256 is not
+    declared (docs/kernels.md records what the H200 showed)."""
 
     name = "flex_fa4"
     backend_label = "flex FLASH (FA4)"
@@ -279,6 +280,7 @@ class FlexAttentionFlash(FlexAttention):
         mask_forms=frozenset({"blockmask"}),
         dtypes=frozenset({"float16", "bfloat16"}),
         devices=frozenset({"cuda"}),
+        head_dims=frozenset({64, 128}),
         gqa=True,
         backward=True,
         min_compute_capability=(9, 0),
