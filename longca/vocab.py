@@ -112,6 +112,7 @@ AXES = (
     "batch",
     "cp_mechanism",
     "world_size",
+    "cp_variant",  # the CP degrees and sharding as one name (ulysses2-ring2-zigzag, zigzag, default)
 )
 AXIS_ALIASES: dict[str, str] = {
     "kernels": "kernel",
@@ -127,6 +128,7 @@ AXIS_ALIASES: dict[str, str] = {
     "mechanism": "cp_mechanism",
     "mechanisms": "cp_mechanism",
     "world_sizes": "world_size",
+    "cp_variants": "cp_variant",
 }
 
 

@@ -347,7 +347,7 @@ def _family_pages(c: pl.DataFrame, peer: pl.DataFrame, local: pl.DataFrame | Non
         p_lin.table(
             _table(
                 shown,
-                ["group", "kernel", "verdict", "below", "crossover", "lengths"],
+                ["group", "kernel", "verdict", "below", "crossover", "lengths", "repro"],
                 numeric=["below", "crossover", "lengths"],
             )
         )

@@ -54,6 +54,7 @@ TOOLTIP = (
     "cp_mechanism",
     "cp_degrees",
     "cp_balance",
+    "cp_variant",
     "tflops",
     "tflops_ci_low",
     "tflops_ci_high",

@@ -185,10 +185,9 @@ def compare(base: str | Path, new: str | Path, threshold: float = 0.03) -> Compa
         spec, sweep = (
             (row.get("spec_new"), row.get("sweep_new")) if s_new is not None else (row.get("spec"), row.get("sweep"))
         )
-        variant = row.get("mask_variant_new") if s_new is not None else row.get("mask_variant")
-        rec["repro"] = (
-            repro_command({**rec, "spec": spec, "sweep": sweep, "mask_variant": variant}) if spec and sweep else None
-        )
+        side = "_new" if s_new is not None else ""
+        variants = {k: row.get(k + side) for k in ("mask_variant", "cp_variant")}
+        rec["repro"] = repro_command({**rec, "spec": spec, "sweep": sweep, **variants}) if spec and sweep else None
         if s_base is None:
             rec["verdict"] = "only in new"
         elif s_new is None:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import polars as pl
 
 from longca.measure.stats import ranks
+from longca.report.repro import selection_columns, with_selection_repro
 
 SPARSE_MASKS = ("block_sparse", "variable_block_sparse")
 FAILED = ("error", "incorrect", "timeout")
@@ -72,6 +73,7 @@ _FIRST = (
     "cp_mechanism",
     "cp_degrees",
     "cp_balance",
+    "cp_variant",
     "backend",
     "device",
     "device_name",
@@ -307,26 +309,13 @@ def shape_table(study: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
     order = d.select("head_dim", "dtype", "variant").unique().sort("head_dim", "dtype").get_column("variant").to_list()
     keys = [k for k in _SHAPE_FIXED if k not in ("mask_variant", "mask_samples")] + ["mask_variant", "mask_samples"]
     wide = d.pivot(on="variant", index=keys, values="tflops", aggregate_function="max")
-    from longca.report.repro import repro_selection_command
-
     sweeps = d.group_by(keys).agg(
         pl.col("sweep").drop_nulls().unique().sort().str.join(", ").alias("sweeps"),
-        pl.col("sweep").drop_nulls().unique().sort().alias("_sweeps"),
-        pl.col("spec").first().alias("spec"),
-        pl.col("spec").n_unique().alias("_specs"),
         pl.col("batch").first().alias("batch"),
+        *selection_columns(),
     )
     # the command that measures the line's cells again: its axes but head dim and dtype
-    sweeps = sweeps.with_columns(
-        repro=pl.struct(pl.all()).map_elements(
-            lambda r: (
-                repro_selection_command(r["spec"], r["_sweeps"], r, omit=("head_dim", "dtype"))
-                if r["_specs"] == 1 and r["spec"]
-                else None
-            ),
-            pl.String,
-        )
-    ).select(*keys, "sweeps", "repro")
+    sweeps = with_selection_repro(sweeps, omit=("head_dim", "dtype")).select(*keys, "sweeps", "repro")
     out = wide.join(sweeps, on=keys, how="left")
     return out.select([*keys, *order, "sweeps", "repro"]).sort(keys), order
 
@@ -401,8 +390,6 @@ def series_table(ok: pl.DataFrame, mask: str, shapes: Sequence[str]) -> tuple[pl
     column per length (TFLOP/s, exact mask area, median over the cell's rows), the command that
     measures the row's cells again and the commit(s) they were measured at. Returns (table,
     columns, numeric columns)."""
-    from longca.report.repro import repro_selection_command
-
     df = ok.filter(pl.col("mask") == mask)
     if df.is_empty():
         return df, [], []
@@ -412,12 +399,8 @@ def series_table(ok: pl.DataFrame, mask: str, shapes: Sequence[str]) -> tuple[pl
         on="length", index=keys, values="tflops", aggregate_function="first"
     )
     fixed = df.group_by(keys).agg(
-        *[
-            pl.col(c).first()
-            for c in ("heads_q", "heads_kv", "head_dim", "dtype", "batch", "mask", "mask_variant", "spec")
-        ],
-        pl.col("sweep").unique().sort().alias("sweeps"),
-        pl.col("spec").n_unique().alias("_specs"),
+        *[pl.col(c).first() for c in ("heads_q", "heads_kv", "head_dim", "dtype", "batch", "mask", "mask_variant")],
+        *selection_columns(),
         # the commit(s) the series was measured at, short (a cell's may list several)
         pl.col("git_commit")
         .str.split(", ")
@@ -428,16 +411,7 @@ def series_table(ok: pl.DataFrame, mask: str, shapes: Sequence[str]) -> tuple[pl
         .str.join(", ")
         .alias("commit"),
     )
-    fixed = fixed.with_columns(
-        repro=pl.struct(pl.all()).map_elements(
-            lambda r: (
-                repro_selection_command(r["spec"], r["sweeps"], r, omit=("seqlen",))
-                if r["_specs"] == 1 and r["spec"]
-                else None
-            ),
-            pl.String,
-        )
-    )
+    fixed = with_selection_repro(fixed, omit=("seqlen",))
     pass_rank = pl.col("pass").replace_strict({"fwd": 0, "bwd": 1, "fwd_bwd": 2}, default=3, return_dtype=pl.Int8)
     shape_rank = pl.col("shape").replace_strict({s: i for i, s in enumerate(shapes)}, default=len(shapes))
     table = (
@@ -786,31 +760,12 @@ def sparse_side_by_side(c: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
     )
     kernels = sorted(shown.get_column("kernel").unique().to_list())
     wide = shown.pivot(on="kernel", index=keys, values="value", aggregate_function="first")
-    from longca.report.repro import repro_selection_command
-
-    layout = (
-        d.group_by(keys)
-        .agg(
-            pl.col("block_size").first(),
-            pl.col("density").median(),
-            pl.col("batch").first(),
-            pl.col("spec").first(),
-            pl.col("spec").n_unique().alias("_specs"),
-            pl.col("sweep").unique().sort().alias("sweeps"),
-        )
-        # the command that measures the line's cells again, every kernel of it
-        .with_columns(
-            repro=pl.struct(pl.all()).map_elements(
-                lambda r: (
-                    repro_selection_command(r["spec"], r["sweeps"], r, omit=("kernel",))
-                    if r["_specs"] == 1 and r["spec"]
-                    else None
-                ),
-                pl.String,
-            )
-        )
-        .drop("batch", "spec", "_specs", "sweeps")
-    )
+    layout = with_selection_repro(
+        d.group_by(keys).agg(
+            pl.col("block_size").first(), pl.col("density").median(), pl.col("batch").first(), *selection_columns()
+        ),
+        omit=("kernel",),  # the command that measures the line's cells again, every kernel of it
+    ).drop("batch", "spec")
     best = (
         d.filter(ok)
         .sort("tflops", descending=True)
@@ -870,6 +825,7 @@ def linear_vs_softmax(c: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     )
     soft = soft.join(lin.select(keys).unique(), on=keys, how="semi")
     cols = [*keys, "seqlen_q", "tokens_per_s", "kernel", "kernel_family", "batch", "median_ms", "run_ids"]
+    cols += ["mask_variant", "spec", "sweep"]
     series = (
         pl.concat(
             [
@@ -907,7 +863,15 @@ def linear_vs_softmax(c: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
             }
         )
     schema = {"group": pl.String, "kernel": pl.String, "crossover": pl.Int64, "below": pl.Int64, "lengths": pl.Int64}
-    return series, pl.DataFrame(rows, schema=schema)
+    # the command that measures a group's cells again: every kernel it compares (the linear ones and
+    # the softmax ones) at every length, from each sweep its rows come from
+    fixed = ("mask", "mask_variant", "heads_q", "heads_kv", "head_dim", "dtype", "pass", "batch")
+    repro = with_selection_repro(
+        series.group_by("group").agg(*[pl.col(k).first() for k in fixed], *selection_columns()),
+        omit=("kernel", "seqlen"),
+    ).select("group", "repro")
+    cross = pl.DataFrame(rows, schema=schema).join(repro, on="group", how="left")
+    return series.drop("mask_variant", "spec", "sweep"), cross
 
 
 ENV_FACTS = (

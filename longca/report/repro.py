@@ -25,7 +25,7 @@ ONLY = (
     ("pass", ("pass",)),
     ("batch", ("batch",)),
 )
-CP_ONLY = (("cp_mechanism", ("cp_mechanism",)), ("world_size", ("world_size",)))
+CP_ONLY = (("cp_mechanism", ("cp_mechanism",)), ("world_size", ("world_size",)), ("cp_variant", ("cp_variant",)))
 
 
 def repro_command(row: dict[str, Any]) -> str:
@@ -58,6 +58,32 @@ def repro_selection_command(spec: str, sweeps: Sequence[str], row: dict[str, Any
         if key not in omit:
             args += ["--only", f"{key}=" + ":".join(str(row[c]) for c in columns)]
     return shlex.join(args)
+
+
+def selection_columns() -> list[pl.Expr]:
+    """Aggregations that give a grouped table what `with_selection_repro` reads: its spec, how many
+    specs its rows come from, and its sweeps (the group's other columns hold the axes)."""
+    return [
+        pl.col("spec").first().alias("spec"),
+        pl.col("spec").n_unique().alias("_specs"),
+        pl.col("sweep").drop_nulls().unique().sort().alias("_sweeps"),
+    ]
+
+
+def with_selection_repro(groups: pl.DataFrame, omit: Sequence[str]) -> pl.DataFrame:
+    """`groups` (aggregated with `selection_columns`, one line per table row) with `repro`: the
+    command that measures the line's cells again, every axis but `omit`; none for a line whose rows
+    come from several specs. The helper columns are dropped."""
+    if groups.is_empty():
+        return groups.with_columns(repro=pl.lit(None, pl.String)).drop("_specs", "_sweeps")
+    return groups.with_columns(
+        repro=pl.struct(pl.all()).map_elements(
+            lambda r: (
+                repro_selection_command(r["spec"], r["_sweeps"], r, omit) if r["_specs"] == 1 and r["spec"] else None
+            ),
+            pl.String,
+        )
+    ).drop("_specs", "_sweeps")
 
 
 def repro_expression() -> str:

@@ -78,6 +78,7 @@ def test_the_tooltip_repro_command_is_the_one_longca_repro_prints() -> None:
             "batch": 1,
             "cp_mechanism": "ring_p2p",
             "world_size": 2,
+            "cp_variant": "zigzag",
         },
     ]
     browser = Browser()

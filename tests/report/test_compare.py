@@ -186,6 +186,7 @@ def test_every_matched_cell_carries_the_command_that_measures_it_again(tmp_path)
             "batch": cell.batch,
             "cp_mechanism": cell.cp_mechanism,
             "world_size": cell.world_size,
+            "cp_variant": cell.cp_variant,
         }
         args = shlex.split(repro_command(row))
         assert args[:6] == ["longca", "run", "--spec", "specs/default.yaml", "--sweep", cell.sweep]
@@ -206,7 +207,10 @@ def test_a_published_cell_made_10_percent_slower_is_the_one_slower_cell(tmp_path
     import pyarrow.compute as pc
 
     published = pq.read_table(ROOT / "results" / "h200" / "all.parquet")
-    ok = pc.equal(published["status"], "ok")
+    # the victim: the ok row with most samples among those whose middle 60% lie within 1% of the
+    # median, so a 10% shift is beyond its noise (a host-bound 1K row spreads wider than that)
+    spread = pc.divide(pc.subtract(published["p80_ms"], published["p20_ms"]), published["median_ms"])
+    ok = pc.and_(pc.equal(published["status"], "ok"), pc.less(spread, 0.01)).fill_null(False)
     counts = pc.list_value_length(published["samples_ms"]).fill_null(0)
     victim = int(pc.index(pc.if_else(ok, counts, 0), pc.max(pc.if_else(ok, counts, 0))).as_py())
     samples = published["samples_ms"].to_pylist()

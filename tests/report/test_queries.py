@@ -397,6 +397,20 @@ def test_linear_crossover() -> None:
     assert _linear_case([30, 30], [20, 20]).select("crossover", "below").row(0) == (None, 2048)
 
 
+def test_linear_crossover_carries_the_command_for_every_kernel_it_compares() -> None:
+    lengths = [1024, 2048]
+    extra = dict(spec="s", mask_variant="default")
+    rows = [_row("soft", "causal", s, tokens_per_s=10.0, sweep="linear_softmax", **extra) for s in lengths]
+    rows += [
+        _row("lin", "causal", s, tokens_per_s=20.0, kernel_family="linear", tflops=None, sweep="linear", **extra)
+        for s in lengths
+    ]
+    repro = queries.linear_vs_softmax(_cells(rows))[1].get_column("repro")[0]
+    assert repro.startswith("longca run --spec specs/s.yaml --sweep linear --sweep linear_softmax --only mask=causal")
+    only = [o.split("=")[0] for o in repro.split(" --only ")[1:]]
+    assert only == ["mask", "mask_variant", "heads", "head_dim", "dtype", "pass", "batch"]  # no kernel, no length
+
+
 def test_linear_series_names_best_softmax_per_length() -> None:
     rows = [
         _row("s1", "causal", 1024, tokens_per_s=10.0),
