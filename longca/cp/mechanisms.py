@@ -153,10 +153,12 @@ def build_plan(
     comm: Comm | None = None,
     blocks: BlockLayout | None = None,
     topo: Topology | None = None,
+    cuts: StepCuts | None = None,
 ) -> Plan:
     """Resolve degrees, create the groups, cut the mask for every (participant, participant) pair
     (on every rank, so support checks agree everywhere) and prepare this rank's sub-masks.
     `blocks`: the layout of a block-sparse mask (its `slices` are empty and ignored).
+    `cuts`: `step_cuts` when already made (the CP model plans every rank from one).
     Raises Unsupported (same on every rank) for combinations that cannot run."""
     world = sharding.world_size
     u, r, w = resolve_degrees(mechanism, world, degrees)
@@ -168,8 +170,8 @@ def build_plan(
     layouts = layouts_of_groups(sharding.intervals, [topo.uly_members(i) for i in range(r)])
     if blocks is not None:
         return _block_plan(mechanism, blocks, layouts, topo, rep, heads_q, heads_kv, kernel, device, comm)
-    cut = [[sub_mask(slices, layouts[i], layouts[j]) for j in range(r)] for i in range(r)]
-    step_areas = np.array([[sl.area(c) for c in row] for row in cut], dtype=np.int64)
+    cuts = cuts or step_cuts(slices, sharding, u, r)
+    cut, step_areas = cuts.slices, cuts.areas
     for row in cut:  # kernels that reject some slice kinds say so before anything runs
         for c in row:
             if hasattr(kernel, "prepare_check"):
@@ -182,6 +184,24 @@ def build_plan(
         total = int(step_areas[i].sum())
         rank_areas.append(total // u + (1 if j < total % u else 0))
     return Plan(MECHANISMS[mechanism], topo, kernel, subs, rep, comm or Comm(), rank_areas, 1, step_areas)
+
+
+@dataclass(frozen=True)
+class StepCuts:
+    """slices[i][j]: the sub-mask between ring participants i (queries) and j (keys); areas[i, j]
+    its attended pairs."""
+
+    slices: list[list[np.ndarray]]
+    areas: np.ndarray
+
+
+def step_cuts(slices: np.ndarray, sharding: Sharding, ulysses_degree: int, ring_degree: int) -> StepCuts:
+    """The mask cut between every pair of ring participants, each participant holding its Ulysses
+    group's tokens (global rank = ring index x ulysses + member)."""
+    groups = [[i * ulysses_degree + j for j in range(ulysses_degree)] for i in range(ring_degree)]
+    layouts = layouts_of_groups(sharding.intervals, groups)
+    cut = [[sub_mask(slices, layouts[i], layouts[j]) for j in range(ring_degree)] for i in range(ring_degree)]
+    return StepCuts(cut, np.array([[sl.area(c) for c in row] for row in cut], dtype=np.int64))
 
 
 def _check_blocks(blocks: BlockLayout, kernel: Any, sharding: Sharding, heads_kv: int) -> None:
@@ -236,30 +256,43 @@ def _block_plan(
     return Plan(MECHANISMS[mechanism], topo, kernel, subs, rep, comm or Comm(), rank_work, heads_q, areas.sum(axis=0))
 
 
+def cp_forward(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """The forward of one rank, in the order its collectives run: KV replication, all-to-all to
+    head sharding, the ring (or all-gather) attention, all-to-all back. Returns (this rank's
+    output, the tensors its backward needs). `cp_attention` runs it under autograd; the CP model
+    (longca.model) traces it with meta tensors, so both follow this one schedule."""
+    t, c = plan.topo, plan.comm
+    u, me, g = t.ulysses, t.uly_index, t.uly_group
+    k = ulysses.replicate_kv(k, plan.rep)
+    v = ulysses.replicate_kv(v, plan.rep)
+    qh, kh, vh = (ulysses.seq_to_heads(x, u, me, g, c) for x in (q, k, v))
+    out, lse = plan.attend_fwd(qh, kh, vh)
+    out_h = out.to(q.dtype)
+    return ulysses.heads_to_seq(out_h, u, me, g, c), (qh, kh, vh, out_h, lse)
+
+
+def cp_backward(plan: Plan, saved, dout: torch.Tensor):
+    """The backward of one rank from what `cp_forward` saved: (dq, dk, dv) in sequence sharding."""
+    t, c = plan.topo, plan.comm
+    u, me, g = t.ulysses, t.uly_index, t.uly_group
+    qh, kh, vh, out_h, lse = saved
+    doh = ulysses.seq_to_heads(dout.contiguous(), u, me, g, c)
+    dq, dk, dv = plan.attend_bwd(doh, qh, kh, vh, out_h, lse)
+    dq, dk, dv = (ulysses.heads_to_seq(x.to(qh.dtype), u, me, g, c) for x in (dq, dk, dv))
+    return dq, ulysses.unreplicate_grad(dk, plan.rep), ulysses.unreplicate_grad(dv, plan.rep)
+
+
 class _CPAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, plan: Plan):
-        t, c = plan.topo, plan.comm
-        u, me, g = t.ulysses, t.uly_index, t.uly_group
-        k = ulysses.replicate_kv(k, plan.rep)
-        v = ulysses.replicate_kv(v, plan.rep)
-        qh, kh, vh = (ulysses.seq_to_heads(x, u, me, g, c) for x in (q, k, v))
-        out, lse = plan.attend_fwd(qh, kh, vh)
-        out_h = out.to(q.dtype)
-        ctx.save_for_backward(qh, kh, vh, out_h, lse)
+        out, saved = cp_forward(plan, q, k, v)
+        ctx.save_for_backward(*saved)
         ctx.plan = plan
-        return ulysses.heads_to_seq(out_h, u, me, g, c)
+        return out
 
     @staticmethod
     def backward(ctx, dout):
-        plan = ctx.plan
-        t, c = plan.topo, plan.comm
-        u, me, g = t.ulysses, t.uly_index, t.uly_group
-        qh, kh, vh, out_h, lse = ctx.saved_tensors
-        doh = ulysses.seq_to_heads(dout.contiguous(), u, me, g, c)
-        dq, dk, dv = plan.attend_bwd(doh, qh, kh, vh, out_h, lse)
-        dq, dk, dv = (ulysses.heads_to_seq(x.to(qh.dtype), u, me, g, c) for x in (dq, dk, dv))
-        return dq, ulysses.unreplicate_grad(dk, plan.rep), ulysses.unreplicate_grad(dv, plan.rep), None
+        return (*cp_backward(ctx.plan, ctx.saved_tensors, dout), None)
 
 
 def cp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Plan) -> torch.Tensor:
