@@ -17,6 +17,7 @@ FLOORS = {
     "spec": 5,
     "store": 6,
     "run": 7,
+    "model": 8,
     "report": 8,
     "commands": 9,
     "cli": 9,

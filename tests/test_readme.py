@@ -59,6 +59,8 @@ COMMANDS = {
     "longca compare results/h200/all.parquet results/h200-workflow/all.parquet --html /tmp/cmp": "run",
     "longca compare BASE.parquet NEW.parquet --fail-on slower": "run-compare",
     "longca repro @847b892f": "run",
+    "longca model cp --spec specs/cp-scale.yaml --cluster specs/clusters/h200-ib.yaml --rates results/h200/all.parquet "
+    "--sweep tokens_8k_w8 --out /tmp/cp-model.parquet": "run",
     "pip install -e '.[slurm]'": "ci",
     "cp -r profiles/slurm profiles/mycluster": "run",
     "snakemake --profile profiles/mycluster --config spec=specs/h200.yaml": "dry",
@@ -102,6 +104,7 @@ def test_commands_run_as_written(cmd: str, tmp_path: Path):
     if "results/h200-workflow" in cmd:
         shutil.copytree(ROOT / "results" / "h200-workflow", work / "results" / "h200-workflow")
         cmd = cmd.replace("/tmp/cmp", str(tmp_path / "cmp"))
+    cmd = cmd.replace("/tmp/cp-model.parquet", str(tmp_path / "cp-model.parquet"))
     argv = shlex.split(cmd)
     if argv[0] == "longca":
         proc = _longca(*argv[1:], cwd=work)
@@ -116,6 +119,9 @@ def test_commands_run_as_written(cmd: str, tmp_path: Path):
         assert (tmp_path / "cmp" / "index.html").is_file()
     if argv[0] == "cp":
         assert (work / "profiles" / "mycluster" / "config.yaml").is_file()
+    if argv[:3] == ["longca", "model", "cp"]:
+        model = duckdb.sql(f"SELECT source, status FROM '{tmp_path / 'cp-model.parquet'}'").fetchall()
+        assert model and set(model) == {("model", "ok")}
 
 
 def test_compare_with_fail_on_is_a_ci_gate(tmp_path: Path):

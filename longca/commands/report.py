@@ -50,6 +50,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "gives each best kernel's share of it (repeatable)",
     )
     p.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="PARQUET",
+        help="modelled CP rows (`longca model cp` tables), drawn on their own page (repeatable)",
+    )
+    p.add_argument(
+        "--model-validation",
+        metavar="CSV",
+        help="the CP model's validation table (`longca model validate`), on the modelled page",
+    )
+    p.add_argument(
         "--link",
         action="append",
         default=[],
@@ -87,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
         fidelity_checks=args.fidelity,
         cp_local_runs=args.cp_local,
         ceiling_files=args.ceiling,
+        model_tables=args.model,
+        model_validation=args.model_validation,
     )
     print(
         f"wrote {len(built.pages)} pages and {len(built.charts)} charts to {built.out} "

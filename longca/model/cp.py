@@ -231,6 +231,7 @@ def rank_imbalance(values: list[float]) -> float:
 MODEL_COLUMNS = (
     "source",
     "cluster",
+    "assumptions",
     "spec",
     "sweep",
     "cell_digest",
@@ -275,6 +276,7 @@ def model_row(cell, cluster: Cluster, rates: Rates) -> dict:
     row = {
         "source": "model",
         "cluster": cluster.name,
+        "assumptions": f"{cluster.assumptions()}; compute at {rates.gpu} rates measured on one GPU",
         "spec": cell.spec,
         "sweep": cell.sweep,
         "cell_digest": cell.digest,

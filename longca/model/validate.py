@@ -119,7 +119,7 @@ def against_rank_local(paths: Sequence[str | Path], cluster: Cluster, rates: Rat
                         e["heads"],
                         e["kernel"],
                         f"rank {rank}, {e['balance']}; {Path(path).name}",
-                        measured["ms"],
+                        measured["ms"] if "ms" in measured else measured["direct_ms"],  # bwd: per-step calls
                         m.timeline.rank_compute[rank] * 1e3,
                         "ms of local attention",
                         "mask draw 0 of the spec's seed; the benchmark's draw may differ",

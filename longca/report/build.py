@@ -19,7 +19,20 @@ import polars as pl
 import pyarrow as pa
 
 import longca
-from longca.report import assets, ceilings, charts, cp_local, export, fidelity, gallery, load, pages, peers, queries
+from longca.report import (
+    assets,
+    ceilings,
+    charts,
+    cp_local,
+    cp_model,
+    export,
+    fidelity,
+    gallery,
+    load,
+    pages,
+    peers,
+    queries,
+)
 from longca.report.charts import ChartSpec
 from longca.report.pages import Page, Table
 from longca.report.repro import with_repro
@@ -354,6 +367,60 @@ def _family_pages(c: pl.DataFrame, peer: pl.DataFrame, local: pl.DataFrame | Non
     return [p_sparse, p_cp, p_lin, _shapes_page(c)]
 
 
+def _cp_model_page(model: pl.DataFrame, validation: pl.DataFrame | None, c: pl.DataFrame) -> Page:
+    page = Page("cp-model.html", "CP at scale", "CP at scale (modelled)")
+    if model.is_empty() and validation is None:
+        return page
+    lines = cp_model.best_variants(model)
+    page.p(
+        "Modelled, not measured: each rank's schedule is traced from the mechanism's own code, its "
+        "attention calls timed at the kernel's measured single-GPU rates, its exchanges and collectives "
+        "at the cluster's link figures, all ranks simulated together (docs/cp-model.md). Measured CP "
+        "cells of the same mask and pass are drawn as black diamonds.",
+        "note",
+    )
+    page.chart(charts.cp_model_chart(lines, cp_model.measured_points(queries.cp_cells(c), lines)), "No ok model rows.")
+    if not model.is_empty():
+        page.h2("Assumptions")
+        for text in model.get_column("assumptions").drop_nulls().unique().sort().to_list():
+            page.p(text)
+        page.p(
+            "Not modelled: the LSE combination and other local work between attention calls, kernel launch "
+            "gaps, contention between collectives of one node, and NCCL protocol effects beyond a "
+            "per-message latency. Mask draw 0 of each sampled mask."
+        )
+        unsupported = model.filter(pl.col("status") != "ok")
+        if unsupported.height:
+            page.h2("Cells the model or the mechanisms refuse")
+            page.table(
+                _table(
+                    unsupported.group_by("cluster", "cp_mechanism", "world_size", "reason")
+                    .agg(cells=pl.len())
+                    .sort("cluster", "cp_mechanism", "world_size"),
+                    ["cluster", "cp_mechanism", "world_size", "cells", "reason"],
+                    numeric=["world_size", "cells"],
+                )
+            )
+    if validation is not None and validation.height:
+        page.h2("Validation")
+        page.p(
+            "measured: CP iterations measured on two H200s against the model of the same cell; rank_local: "
+            "each rank's local attention timed on one GPU against the model's compute time of that rank; "
+            "ranking: each mechanism's place in a published benchmark at the same world size against its "
+            "place in the model. error = modelled / measured - 1."
+        )
+        page.table(
+            _table(
+                cp_model.validation_summary(validation),
+                ["check", "pass", "comparisons", "median_abs_error", "max_abs_error", "within_15pct"],
+                numeric=["comparisons", "median_abs_error", "max_abs_error", "within_15pct"],
+            )
+        )
+        page.chart(charts.cp_model_validation_chart(validation), "No timed comparisons.")
+        page.table(_table(validation, list(validation.columns), numeric=list(cp_model.VALIDATION_NUMERIC)))
+    return page
+
+
 def _shapes_page(c: pl.DataFrame) -> Page:
     page = Page("shapes.html", "Shapes", "Head dim and dtype")
     study = queries.shape_study(c)
@@ -606,6 +673,8 @@ def _provenance_page(
     links: Sequence[tuple[str, str]] = (),
     ceiling_files: Sequence[Path] = (),
     ceiling: pl.DataFrame | None = None,
+    model_files: Sequence[Path] = (),
+    validation_file: Path | None = None,
 ) -> Page:
     page = Page("environment.html", "Data", "Environment, provenance and downloads")
     page.h2("Where the numbers came from")
@@ -640,6 +709,8 @@ def _provenance_page(
         *[a for d in checks for a in ("--fidelity", shown_path(d))],
         *[a for d in local_files for a in ("--cp-local", shown_path(d))],
         *[a for d in ceiling_files for a in ("--ceiling", shown_path(d))],
+        *[a for d in model_files for a in ("--model", shown_path(d))],
+        *(["--model-validation", shown_path(validation_file)] if validation_file else []),
     ]
     if spec is not None:
         cmd += ["--spec", shown_path(spec)]
@@ -730,6 +801,8 @@ def build_report(
     static_exports: bool = True,
     links: Sequence[tuple[str, str]] = (),
     ceiling_files: Sequence[str | Path] = (),
+    model_tables: Sequence[str | Path] = (),
+    model_validation: str | Path | None = None,
 ) -> Built:
     """Write the whole static site for the rows in `data` under `out`; returns what was written.
 
@@ -744,6 +817,8 @@ def build_report(
     `cp_local_runs`: JSON files of benchmarks/cp_rank_local.py, tabled on the CP page.
     `ceiling_files`: JSON files of benchmarks/matmul_ceiling.py: the choose page's share of the
     measured matrix-product rate, and a table on the Environment page.
+    `model_tables`: tables of `longca model cp` (source = model), drawn on their own page, never
+    among measured rows; `model_validation`: the CSV of `longca model validate`, on the same page.
     """
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
@@ -784,7 +859,10 @@ def build_report(
     overview, _ = _overview(c, rows, spec_name, stale)
     family = _family_pages(c, peer, local)
     mask_pages = _mask_pages(c, peers.for_masks(peer), kernels)
-    drawn = [choose, overview, *mask_pages, *family]
+    model = cp_model.load_models(model_tables) if model_tables else pl.DataFrame()
+    validation = cp_model.load_validation(model_validation) if model_validation else None
+    model_page = _cp_model_page(model, validation, c)
+    drawn = [choose, overview, *mask_pages, *family, model_page]
     all_charts = [ch for p in drawn for ch in p.charts()]
     timings["charts"] = time.perf_counter() - t0
 
@@ -812,6 +890,7 @@ def build_report(
         choose,
         overview,
         *family,
+        model_page,
         p_gallery,
         _status_page(rows, c, probe_rows, superseded, stale, checks),
         _peers_page(peer, Path(peers_path) if peers_path else None),
@@ -831,6 +910,8 @@ def build_report(
             links,
             ceiling_paths,
             ceiling,
+            [Path(p) for p in model_tables],
+            Path(model_validation) if model_validation else None,
         ),
     ]
     if mask_pages:

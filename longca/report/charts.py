@@ -156,6 +156,17 @@ _DRAWN = {
     "runner_up_tflops_ci_high",
     "matmul_tflops",
     "page",
+    # the CP model's rows (longca model cp / validate)
+    "cluster",
+    "tokens_per_gpu",
+    "compute_ms",
+    "comm_exposed_ms",
+    "check",
+    "detail",
+    "measured",
+    "predicted",
+    "error",
+    "device_name",
 }
 
 
@@ -758,3 +769,70 @@ def slug(text: str) -> str:
     """A file-name-safe stem: lower-case letters, digits, '-' and '_' only."""
     s = "".join(ch if ch.isascii() and (ch.isalnum() or ch in "-_") else "-" for ch in str(text).lower())
     return s.strip("-") or "x"
+
+
+def cp_model_chart(lines: pl.DataFrame, measured: pl.DataFrame) -> ChartSpec | None:
+    """Modelled per-GPU TFLOP/s against world size, a line per CP mechanism (each at its fastest
+    modelled variant); measured CP cells of the same mask and pass as black points. Panels: mask,
+    tokens per GPU and cluster; columns: pass."""
+    if lines.is_empty():
+        return None
+    ws_x = alt.X("world_size:Q", title="GPUs (world size)", scale=alt.Scale(type="log", base=2))
+    y = alt.Y("tflops:Q", title="TFLOP/s per GPU (modelled)")
+    layers: list[tuple[str, pl.DataFrame, Callable[[alt.Chart], alt.Chart]]] = [("model", lines, _lines(ws_x, y))]
+    if not measured.is_empty():
+
+        def points(base: alt.Chart) -> alt.Chart:
+            return base.mark_point(shape="diamond", filled=True, size=70, color="black", tooltip=TOOLTIP_ALL).encode(
+                x=ws_x, y=y
+            )
+
+        layers.append(("measured", measured, points))
+    chart, values = _layered_facet(layers, row="panel", column="pass")
+    return ChartSpec(
+        id="cp-model",
+        title="CP at scale (modelled): per-GPU throughput against world size",
+        chart=chart,
+        values=values,
+        data=lines,
+        caption="Lines: the CP model (longca model cp) on the cluster named in the panel, each mechanism "
+        "at its fastest modelled degrees; black diamonds: measured CP cells of the same mask and pass "
+        "(their GPUs and tokens per GPU in the tooltip).",
+        query="model tables (source = model), status ok; measured rows with world_size > 1",
+    )
+
+
+def cp_model_validation_chart(v: pl.DataFrame) -> ChartSpec | None:
+    """Predicted against measured time, log-log, one point per comparison, the diagonal for reference."""
+    d = v.filter(pl.col("check") != "ranking").with_columns(series=pl.col("check"), label=pl.col("detail"))
+    if d.is_empty():
+        return None
+    lo, hi = (
+        float(min(d["measured"].min(), d["predicted"].min())),
+        float(max(d["measured"].max(), d["predicted"].max())),
+    )
+    diag = pl.DataFrame({"x_lo": [lo, hi], "y_lo": [lo, hi]})
+    x = alt.X("measured:Q", title="measured (ms)", scale=alt.Scale(type="log"))
+    y = alt.Y("predicted:Q", title="modelled (ms)", scale=alt.Scale(type="log"))
+
+    def pts(base: alt.Chart) -> alt.Chart:
+        return base.mark_point(filled=True, size=50, tooltip=TOOLTIP_ALL).encode(
+            x=x, y=y, color=alt.Color("series:N", title=None), shape=alt.Shape("pass:N", title=None)
+        )
+
+    def line(base: alt.Chart) -> alt.Chart:
+        return base.mark_line(color="#999", strokeDash=[4, 3]).encode(
+            x=alt.X("x_lo:Q", scale=alt.Scale(type="log")), y=alt.Y("y_lo:Q", scale=alt.Scale(type="log"))
+        )
+
+    chart, values = _layered_facet([("model", d, pts), ("diagonal", diag, line)], row=None, column=None)
+    return ChartSpec(
+        id="cp-model-validation",
+        title="The CP model against measured times",
+        chart=chart,
+        values=values,
+        data=d,
+        caption="Each measured CP iteration (2 x H200) and each rank's local work timed on one GPU against "
+        "the model's prediction for it; the dashed diagonal is a perfect prediction.",
+        query="longca model validate: checks measured and rank_local",
+    )
