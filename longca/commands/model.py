@@ -28,6 +28,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     cp.add_argument("--sweep", action="append", help="only these sweeps (repeatable)")
     cp.add_argument("--only", action="append", default=[], metavar="KEY=VALUE", help=ONLY_HELP)
     cp.add_argument("--jobs", type=int, default=1, help="cells modelled in parallel processes (default 1)")
+    cp.add_argument(
+        "--draws",
+        type=int,
+        default=1,
+        help="mask draws modelled per cell of a sampled mask (documents), at most the cell's own; "
+        "the row holds the median draw (default 1)",
+    )
     cp.set_defaults(func=_model_cp)
 
     v = kinds.add_parser(
@@ -80,9 +87,11 @@ def _model_cp(args: argparse.Namespace) -> int:
     rates = load_rates(args.rates, cluster.gpu)
     if args.jobs < 1:
         raise ValueError(f"--jobs {args.jobs}: allowed: a positive number of processes")
+    if args.draws < 1:
+        raise ValueError(f"--draws {args.draws}: allowed: a positive number of mask draws")
     rows, t0 = [], time.monotonic()
     with ProcessPoolExecutor(args.jobs) if args.jobs > 1 else _Inline() as pool:
-        for i, row in enumerate(pool.map(model_row, chosen, repeat(cluster), repeat(rates)), 1):
+        for i, row in enumerate(pool.map(model_row, chosen, repeat(cluster), repeat(rates), repeat(args.draws)), 1):
             rows.append(row)
             shown = f"{row['tflops']:.0f} TFLOP/s per GPU" if row["status"] == "ok" else f"unsupported: {row['reason']}"
             print(f"[{i}/{len(chosen)}] {chosen[i - 1].id}: {shown}", file=sys.stderr)

@@ -158,16 +158,19 @@ class CellModel:
     degrees: tuple[int, int, int]
 
 
-def model_cell(cell, cluster: Cluster, rates: Rates) -> CellModel:
-    """Trace every rank of a CP cell (longca.spec.cells.Cell with cp_mechanism set) and simulate
-    it on `cluster` with `rates`. Raises Unsupported for what cannot be modelled or run."""
+def model_cell(cell, cluster: Cluster, rates: Rates, sample: int = 0) -> CellModel:
+    """Trace every rank of a CP cell (longca.spec.cells.Cell with cp_mechanism set) for mask draw
+    `sample` and simulate it on `cluster` with `rates`. Raises Unsupported for what cannot be
+    modelled or run."""
     from longca.masks.registry import build_mask
 
     if cell.world_size > cluster.max_gpus:
         raise Unsupported(
             f"world size {cell.world_size} exceeds the cluster's {cluster.max_gpus} GPUs ({cluster.name})"
         )
-    mask = build_mask(cell.mask, cell.seqlen, dict(cell.mask_params), seed=cell.seed, sample=0, heads_kv=cell.heads_kv)
+    mask = build_mask(
+        cell.mask, cell.seqlen, dict(cell.mask_params), seed=cell.seed, sample=sample, heads_kv=cell.heads_kv
+    )
     if mask.per_head:
         raise Unsupported("block-sparse masks are not modelled (their steps are block lists, not slices)")
     world, degrees = cell.world_size, dict(cell.cp_degrees)
@@ -251,6 +254,7 @@ MODEL_COLUMNS = (
     "cp_degrees",
     "cp_balance",
     "tokens_per_gpu",
+    "draws",
     "status",
     "reason",
     "median_ms",
@@ -261,13 +265,17 @@ MODEL_COLUMNS = (
     "rank_compute_ms",
     "rank_bytes_sent",
     "imbalance_time",
+    "tflops_draws",
     "git_commit",
 )
 
 
-def model_row(cell, cluster: Cluster, rates: Rates) -> dict:
+def model_row(cell, cluster: Cluster, rates: Rates, draws: int = 1) -> dict:
     """One row of a model table (source = model) for a CP cell: ok with the modelled iteration
-    time and per-GPU TFLOP/s, or unsupported with the reason (planning's, or the model's)."""
+    time and per-GPU TFLOP/s, or unsupported with the reason (planning's, or the model's).
+    A sampled mask (documents) is modelled for its first min(draws, the cell's samples) draws:
+    the row holds the draw whose per-GPU TFLOP/s is the median (every draw's rate beside it),
+    since one draw's documents can change the attended area per token many times over."""
     import json
 
     from longca.measure.env import git_commit
@@ -299,16 +307,20 @@ def model_row(cell, cluster: Cluster, rates: Rates) -> dict:
         "git_commit": git_commit(),
     }
     reason = planned_unsupported(cell)
+    models: list[CellModel] = []
     if reason is None:
         try:
-            m = model_cell(cell, cluster, rates)
+            models = [model_cell(cell, cluster, rates, sample=s) for s in range(max(1, min(draws, cell.samples)))]
         except Unsupported as exc:
             reason = str(exc)
     if reason is not None:
         return {**row, "status": "unsupported", "reason": reason}
+    per_gpu = [m.flops / cell.world_size / m.timeline.seconds / 1e12 for m in models]
+    m = models[int(np.argsort(per_gpu)[(len(models) - 1) // 2])]  # the median draw by per-GPU rate
     t, c = m.timeline, m.compute_only
     return {
         **row,
+        "draws": len(models),
         "status": "ok",
         "reason": None,
         "median_ms": t.seconds * 1e3,
@@ -319,6 +331,7 @@ def model_row(cell, cluster: Cluster, rates: Rates) -> dict:
         "rank_compute_ms": [x * 1e3 for x in t.rank_compute],
         "rank_bytes_sent": t.rank_bytes,
         "imbalance_time": rank_imbalance(t.rank_compute),
+        "tflops_draws": per_gpu,
     }
 
 
@@ -330,8 +343,9 @@ def model_table(rows: list[dict]):
         "rank_ms": pa.list_(pa.float64()),
         "rank_compute_ms": pa.list_(pa.float64()),
         "rank_bytes_sent": pa.list_(pa.int64()),
+        "tflops_draws": pa.list_(pa.float64()),
     }
-    for c in ("seqlen_q", "heads_q", "heads_kv", "head_dim", "batch", "world_size", "tokens_per_gpu"):
+    for c in ("seqlen_q", "heads_q", "heads_kv", "head_dim", "batch", "world_size", "tokens_per_gpu", "draws"):
         types[c] = pa.int64()
     for c in ("median_ms", "tflops", "compute_ms", "comm_exposed_ms", "imbalance_time"):
         types[c] = pa.float64()

@@ -561,11 +561,24 @@ def _status_page(
         page,
         "GPU clocks",
         queries.clocks(timing_rows),
-        ["spec", "sweep", "rows", "start_mhz", "end_mhz", "end_p10_mhz", "power_capped", "reasons"],
+        [
+            "spec",
+            "sweep",
+            "rows",
+            "start_mhz",
+            "end_mhz",
+            "end_p10_mhz",
+            "window_mhz",
+            "window_min_mhz",
+            "power_capped",
+            "reasons",
+        ],
         "Per sweep, over its ok rows: the SM clock read as each row's measurement began and ended (median, and "
-        "the 10th percentile at the end), the share of rows that ended under the software power cap, and every "
-        "throttle reason seen at the end (NVML's names). Many back-to-back calls run under the power cap at "
-        "lower clocks than a short burst does: compare timings of different protocols with their clocks in view.",
+        "the 10th percentile at the end), the median and lowest clock sampled while rows' calls ran (rows "
+        "measured since the sampler exists; empty before), the share of rows that ended under the software "
+        "power cap, and every throttle reason seen at the end (NVML's names). Many back-to-back calls run under "
+        "the power cap at lower clocks than a short burst does: compare timings of different protocols with "
+        "their clocks in view.",
     )
     if checks is not None and checks.height:
         page.h2("Timer fidelity")

@@ -645,8 +645,9 @@ def throttle_names(mask: str | None) -> list[str]:
 
 
 def clocks(rows: pl.DataFrame) -> pl.DataFrame:
-    """Per (spec, sweep): the SM clock read at each measured row's start and end, and the throttle
-    reasons active at its end. A sustained protocol (many back-to-back calls) runs under the power
+    """Per (spec, sweep): the SM clock read at each measured row's start and end, the median and
+    lowest clock sampled during rows' timed windows (where recorded), and the throttle reasons
+    active at its end. A sustained protocol (many back-to-back calls) runs under the power
     cap at lower clocks than short bursts do, so timings from different protocols differ by this much."""
     cols = {"clock_start_mhz", "clock_end_mhz", "throttle_reasons"}
     if not cols <= set(rows.columns):
@@ -662,6 +663,11 @@ def clocks(rows: pl.DataFrame) -> pl.DataFrame:
             start_mhz=pl.col("clock_start_mhz").median(),
             end_mhz=pl.col("clock_end_mhz").median(),
             end_p10_mhz=pl.col("clock_end_mhz").quantile(0.1, "nearest"),
+            # sampled while the calls ran (rows of schema 5 on): what the kernels actually saw
+            window_mhz=pl.col("clock_window_mhz").median() if "clock_window_mhz" in d.columns else pl.lit(None),
+            window_min_mhz=pl.col("clock_window_min_mhz").min()
+            if "clock_window_min_mhz" in d.columns
+            else pl.lit(None),
             power_capped=pl.col("_names").list.contains("sw_power_cap").mean(),
             reasons=pl.col("_names").explode().drop_nulls().unique().sort().str.join(", "),
         )

@@ -28,6 +28,7 @@ from longca.kernels.base import (
 from longca.masks.forms import forms_of
 from longca.masks.mask import Mask
 from longca.masks.registry import PATTERNS, build_mask, resolve_params
+from longca.measure.clocks import ClockSampler, no_sampler
 from longca.measure.cooldown import cool_down
 from longca.measure.env import gpu_clock_state
 from longca.measure.reference import dense_mask_tensor, reference_attention, relative_error
@@ -374,29 +375,31 @@ def _measure_sample(
     def timed(fn, before=None):  # the spec's repeat protocol around one call
         return time_under(timer, fn, rep, before)
 
-    if cell.pass_ == Pass.FWD:
-        with torch.no_grad():
-            timing = timed(lambda: prepared.call(q, k, v))
-    elif cell.pass_ == Pass.BWD and rep.get("backward") == "retained_graph" and kernel.caps.retained_backward:
-        # Opt-in: one untimed forward, then every warm-up and timed backward on its retained graph
-        # (FlashAttention's benchmark_backward does the same), so a backward cell no longer runs a
-        # forward per iteration outside the timed region. The row's timer says so.
-        clear_grads()
-        out = prepared.call(q, k, v)
-        timing = timed(lambda: out.backward(do, retain_graph=True), before=clear_grads)
-        timing.timer += RETAINED_GRAPH
-    elif cell.pass_ == Pass.BWD:
-        # Backward alone (the default, and how the committed rows were timed): a fresh (untimed)
-        # forward before each iteration, then the timed backward.
-        saved: dict[str, torch.Tensor] = {}
-
-        def fresh_forward():
+    # the SM clock and throttle reasons while the calls run (a read before can catch the idle clock)
+    with ClockSampler(gpu_clock_state) if device.type == "cuda" else no_sampler() as window:
+        if cell.pass_ == Pass.FWD:
+            with torch.no_grad():
+                timing = timed(lambda: prepared.call(q, k, v))
+        elif cell.pass_ == Pass.BWD and rep.get("backward") == "retained_graph" and kernel.caps.retained_backward:
+            # Opt-in: one untimed forward, then every warm-up and timed backward on its retained graph
+            # (FlashAttention's benchmark_backward does the same), so a backward cell no longer runs a
+            # forward per iteration outside the timed region. The row's timer says so.
             clear_grads()
-            saved["out"] = prepared.call(q, k, v)
+            out = prepared.call(q, k, v)
+            timing = timed(lambda: out.backward(do, retain_graph=True), before=clear_grads)
+            timing.timer += RETAINED_GRAPH
+        elif cell.pass_ == Pass.BWD:
+            # Backward alone (the default, and how the committed rows were timed): a fresh (untimed)
+            # forward before each iteration, then the timed backward.
+            saved: dict[str, torch.Tensor] = {}
 
-        timing = timed(lambda: saved["out"].backward(do), before=fresh_forward)
-    else:
-        timing = timed(lambda: prepared.call(q, k, v).backward(do), before=clear_grads)
+            def fresh_forward():
+                clear_grads()
+                saved["out"] = prepared.call(q, k, v)
+
+            timing = timed(lambda: saved["out"].backward(do), before=fresh_forward)
+        else:
+            timing = timed(lambda: prepared.call(q, k, v).backward(do), before=clear_grads)
     peak = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
     clock1 = gpu_clock_state() if device.type == "cuda" else {}
     area = mask.area_per_head * cell.batch
@@ -413,6 +416,7 @@ def _measure_sample(
         "clock_start_mhz": clock0.get("clock_mhz"),
         "clock_end_mhz": clock1.get("clock_mhz"),
         "throttle_reasons": clock1.get("throttle"),
+        **window.summary(),
         "status": Status.OK.value,
         "reason": None,
     }

@@ -48,6 +48,7 @@ from longca.cp.ulysses import kv_replication
 from longca.kernels.base import Unsupported
 from longca.kernels.registry import load_all, rank_kernel
 from longca.masks.registry import PATTERNS, build_mask, resolve_params
+from longca.measure.clocks import ClockSampler, no_sampler
 from longca.measure.cooldown import cool_down
 from longca.measure.env import gpu_clock_state
 from longca.measure.timer import RETAINED_GRAPH, RankTimer, time_under, timer_for
@@ -118,7 +119,8 @@ def _gather(obj: Any) -> list[Any]:
 
 
 def _rank_clocks(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
-    """The lowest SM clock over ranks at start and end, and the throttle reasons of any rank."""
+    """The lowest SM clock over ranks at start, end and in the timed window, and the throttle
+    reasons any rank saw."""
 
     def low(key: str) -> int | None:
         values = [r[key] for r in per_rank if r.get(key) is not None]
@@ -128,10 +130,17 @@ def _rank_clocks(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
     masks = [int(r["throttle"], 16) for r in per_rank if r.get("throttle")]
     for m in masks:
         either |= m
+    seen = 0
+    windows = [int(r["throttle_window"], 16) for r in per_rank if r.get("throttle_window")]
+    for m in windows:
+        seen |= m
     return {
         "clock_start_mhz": low("clock0"),
         "clock_end_mhz": low("clock1"),
         "throttle_reasons": hex(either) if masks else None,
+        "clock_window_mhz": low("clock_window_mhz"),
+        "clock_window_min_mhz": low("clock_window_min_mhz"),
+        "throttle_window": hex(seen) if windows else None,
     }
 
 
@@ -306,7 +315,8 @@ def measure(cell: Cell, rank: int, world: int, device: torch.device, kernel, sam
     clock0 = gpu_clock_state() if device.type == "cuda" else {}
     timer = RankTimer(timer_for(device, bool(rep.get("l2_flush", True))), dist.barrier, lambda x: _agree_max(x, device))
     comm.bytes_sent = 0
-    timing = time_under(timer, run, rep)
+    with ClockSampler(gpu_clock_state) if device.type == "cuda" else no_sampler() as window:
+        timing = time_under(timer, run, rep)
     bytes_per_iter = comm.bytes_sent // max(1, timing.timed_iters + timing.warmup_iters)
     peak = int(torch.cuda.max_memory_allocated()) if device.type == "cuda" else None
     comm.enabled = False  # the same local attention calls with communication removed
@@ -322,6 +332,7 @@ def measure(cell: Cell, rank: int, world: int, device: torch.device, kernel, sam
             "clock0": clock0.get("clock_mhz"),
             "clock1": clock1.get("clock_mhz"),
             "throttle": clock1.get("throttle"),
+            **window.summary(),
         }
     )
     # the iteration time is the slowest rank's (every rank ran the same count: the timer agrees on it)

@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from longca.vocab import Status
 
-SCHEMA_VERSION = 4  # 2: phase times check_s, timer_wall_s, warmup_s; 3: cooldown_s; 4: ci_*
+SCHEMA_VERSION = 5  # 2: phase times check_s, timer_wall_s, warmup_s; 3: cooldown_s; 4: ci_*; 5: clock_window_*
 
 STATUSES = tuple(s.value for s in Status)
 
@@ -168,6 +168,9 @@ _FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("clock_start_mhz", pa.int32(), "SM clock at cell start"),
     ("clock_end_mhz", pa.int32(), ""),
     ("throttle_reasons", pa.string(), ""),
+    ("clock_window_mhz", pa.int32(), "median SM clock sampled during the timed window (lowest rank for CP)"),
+    ("clock_window_min_mhz", pa.int32(), "lowest SM clock sampled during the timed window"),
+    ("throttle_window", pa.string(), "every throttle reason seen during the timed window (hex of NVML's mask)"),
     ("timestamp", pa.timestamp("us", tz="UTC"), "when the row was measured"),
 ]
 

@@ -136,7 +136,7 @@ def _rates_file(tmp_path, gpu: str = "TestGPU"):
             device_name=gpu,
             tflops=t,
         )
-        for m in ("full", "causal")
+        for m in ("full", "causal", "causal_document")
         for p in ("fwd", "bwd")
         for s, t in ((128, 100.0), (512, 200.0))
     ]
@@ -151,7 +151,7 @@ def test_rates_interpolate_in_log_length_and_hold_at_the_ends(tmp_path):
     assert r.tflops(*args, 256) == pytest.approx(150.0)
     assert r.tflops(*args, 64) == 100.0 and r.tflops(*args, 4096) == 200.0
     with pytest.raises(Unsupported, match="no measured single-GPU rate"):
-        r.tflops("naive", "causal_document", "fwd", 4, 2, 16, "float32", 256)
+        r.tflops("naive", "sliding_window", "fwd", 4, 2, 16, "float32", 256)
     with pytest.raises(ValueError, match="no ok single-GPU rows"):
         load_rates([_rates_file(tmp_path)], "B200")
 
@@ -201,6 +201,20 @@ def test_model_cp_writes_a_model_table(tmp_path, capsys):
     assert ok.get_column("tflops").max() <= 200.0 and ok.get_column("tflops").min() > 0
     assert all(math.isclose(a + b, c) for a, b, c in ok.select("compute_ms", "comm_exposed_ms", "median_ms").rows())
     assert "modelled 24 cells (12 ok)" in capsys.readouterr().out
+
+
+def test_a_document_mask_is_modelled_over_its_draws(tmp_path):
+    spec, cluster = tmp_path / "tiny-cp.yaml", tmp_path / "c.yaml"
+    spec.write_text(SPEC.replace("masks: [full, causal]", "masks: [causal, causal_document]").replace("[2, 4]", "[2]"))
+    cluster.write_text(CLUSTER.format(per_node=2, nodes=1, bw=10.0))
+    out = tmp_path / "model.parquet"
+    args = ["model", "cp", "--spec", str(spec), "--cluster", str(cluster), "--rates", str(_rates_file(tmp_path))]
+    assert main([*args, "--out", str(out), "--draws", "3"]) == 0
+    t = pl.read_parquet(out).filter(pl.col("status") == "ok")
+    docs, causal = t.filter(pl.col("mask") == "causal_document"), t.filter(pl.col("mask") == "causal")
+    assert set(docs.get_column("draws")) == {3} and set(causal.get_column("draws")) == {1}  # causal has no draws
+    for row in docs.iter_rows(named=True):
+        assert sorted(row["tflops_draws"])[1] == pytest.approx(row["tflops"])  # the median draw's row
 
 
 def test_model_cp_refuses_a_bad_cluster_before_modelling(tmp_path, capsys):
