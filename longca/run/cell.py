@@ -31,6 +31,7 @@ from longca.masks.registry import PATTERNS, build_mask, resolve_params
 from longca.measure.clocks import ClockSampler, no_sampler
 from longca.measure.cooldown import cool_down
 from longca.measure.env import gpu_clock_state
+from longca.measure.graphs import capture
 from longca.measure.reference import dense_mask_tensor, reference_attention, relative_error
 from longca.measure.reference_cache import ReferenceCache
 from longca.measure.timer import RETAINED_GRAPH, time_under, timer_for
@@ -400,6 +401,7 @@ def _measure_sample(
             timing = timed(lambda: saved["out"].backward(do), before=fresh_forward)
         else:
             timing = timed(lambda: prepared.call(q, k, v).backward(do), before=clear_grads)
+        graph = graph_columns(cell, rep, timer, lambda: prepared.call(q, k, v), device)
     peak = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
     clock1 = gpu_clock_state() if device.type == "cuda" else {}
     area = mask.area_per_head * cell.batch
@@ -417,6 +419,7 @@ def _measure_sample(
         "clock_end_mhz": clock1.get("clock_mhz"),
         "throttle_reasons": clock1.get("throttle"),
         **window.summary(),
+        **graph,
         "status": Status.OK.value,
         "reason": None,
     }
@@ -487,3 +490,23 @@ def run_cell(cell: Cell, caches: CellCaches | None = None) -> list[dict[str, Any
         r["cell_wall_s"] = wall
         r["check_s"] = check_s  # one check per cell: every row carries it, count it once per cell
     return rows
+
+
+def graph_columns(cell: Cell, rep: dict, timer, call, device: torch.device) -> dict:
+    """With `repeat.graph`, a forward cell's call captured in a CUDA graph and its replays timed
+    under the same protocol (graph_* columns: kernel time without host launch time), or the reason
+    there is none. Nothing without `repeat.graph` (rows keep their columns empty)."""
+    if not rep.get("graph"):
+        return {}
+    if cell.pass_ != Pass.FWD:
+        return {"graph_reason": "backward cells are timed eagerly only (no capture of autograd's backward)"}
+    with torch.no_grad():
+        captured, reason = capture(call, device)
+        if captured is None:
+            return {"graph_reason": reason}
+        try:
+            timing = time_under(timer, captured.replay, dict(rep, warmup=1, warmup_s=None))
+        finally:
+            captured.release()
+    ci = timing.ci
+    return {"graph_median_ms": timing.median_ms, "graph_ci_low_ms": ci.low, "graph_ci_high_ms": ci.high}

@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from longca.vocab import Status
 
-SCHEMA_VERSION = 5  # 2: phase times check_s, timer_wall_s, warmup_s; 3: cooldown_s; 4: ci_*; 5: clock_window_*
+SCHEMA_VERSION = 5  # 2: phase times check_s, timer_wall_s, warmup_s; 3: cooldown_s; 4: ci_*; 5: clock_window_*, graph_*
 
 STATUSES = tuple(s.value for s in Status)
 
@@ -104,6 +104,14 @@ _FIELDS: list[tuple[str, pa.DataType, str]] = [
         "whether the interval reached ci_target (at least 6 samples and within +-ci_target of the "
         "median) before iters or budget_s ran out; null without a target (since v4)",
     ),
+    (
+        "graph_median_ms",
+        pa.float64(),
+        "median of the call captured in a CUDA graph and replayed (repeat.graph; since v5)",
+    ),
+    ("graph_ci_low_ms", pa.float64(), "low end of the 95% interval of that median (since v5)"),
+    ("graph_ci_high_ms", pa.float64(), "high end of that interval (since v5)"),
+    ("graph_reason", pa.string(), "why a cell that asked for graph replay has none (since v5)"),
     ("mask_build_s", pa.float64(), "mask construction, outside kernel time"),
     ("compile_s", pa.float64(), "first warm-up call beyond a steady one (compilation, autotune), outside kernel time"),
     ("cell_wall_s", pa.float64(), "wall time of the whole cell"),

@@ -417,3 +417,35 @@ def test_every_row_carries_the_interval_of_its_median_and_the_adaptive_protocol_
 
 def adaptive_repeat_without_target() -> str:
     return "warmup: 1, iters: 400, min_iters: 1, budget_s: 2.0, l2_flush: false"
+
+
+def test_graph_replay_is_asked_for_and_each_row_says_why_it_has_none_on_the_cpu():
+    fixed = "warmup: 1, iters: 2, min_iters: 1, budget_s: 0.2, l2_flush: false"
+    (plain,) = run_cell(expand(spec("[naive]", masks="[full]", passes="[fwd]", repeat=fixed))[0])
+    assert plain.get("graph_reason") is None and plain.get("graph_median_ms") is None  # not asked for
+    cells = expand(spec("[naive]", masks="[full]", passes="[fwd, bwd]", repeat=fixed + ", graph: true"))
+    reasons = {c.pass_: run_cell(c)[0]["graph_reason"] for c in cells}
+    assert reasons == {
+        "fwd": "no CUDA graphs on cpu",
+        "bwd": "backward cells are timed eagerly only (no capture of autograd's backward)",
+    }
+
+
+def test_graph_replay_times_the_captured_call_under_the_same_timer(monkeypatch):
+    """What a captured call's row holds, with the capture stood in for (CUDA graphs need a GPU)."""
+    import longca.run.cell as cell_module
+
+    class Fake:
+        calls = 0
+
+        def replay(self):
+            Fake.calls += 1
+
+        def release(self):
+            Fake.released = True
+
+    monkeypatch.setattr(cell_module, "capture", lambda fn, device: (Fake(), None))
+    fixed = "warmup: 1, iters: 4, min_iters: 4, budget_s: 1.0, l2_flush: false, graph: true"
+    (row,) = run_cell(expand(spec("[naive]", masks="[full]", passes="[fwd]", repeat=fixed))[0])
+    assert row.get("graph_reason") is None and Fake.calls == 1 + 4 and Fake.released  # warm-up, then the timed calls
+    assert row["graph_ci_low_ms"] <= row["graph_median_ms"] <= row["graph_ci_high_ms"]

@@ -15,7 +15,7 @@ from longca.store.write import write_rows
 NEW_IN_2 = ("check_s", "timer_wall_s", "warmup_s")
 NEW_IN_3 = ("cooldown_s",)
 NEW_IN_4 = ("ci_low_ms", "ci_high_ms", "ci_target", "ci_met")
-NEW_IN_5 = ("clock_window_mhz", "clock_window_min_mhz", "throttle_window")
+NEW_IN_5 = ("clock_window_mhz", "clock_window_min_mhz", "throttle_window", "graph_median_ms", "graph_reason")
 ADDED = {2: NEW_IN_2, 3: NEW_IN_3, 4: NEW_IN_4, 5: NEW_IN_5}  # columns each schema version added
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -82,6 +82,8 @@ def mixed(tmp_path: Path) -> list[str]:
                 clock_window_mhz=1980,
                 clock_window_min_mhz=1755,
                 throttle_window="0x4",
+                graph_median_ms=0.5,
+                graph_reason=None,
             )
         ],
     )
@@ -100,11 +102,11 @@ def test_aggregating_old_and_new_files_keeps_both(mixed: list[str], tmp_path: Pa
     assert [rows[c]["schema_version"] for c in "acdeb"] == [1, 2, 3, 4, SCHEMA_VERSION]
     assert SCHEMA_VERSION == 5
     cols = NEW_IN_2 + NEW_IN_3 + NEW_IN_4 + NEW_IN_5
-    assert [rows["a"][c] for c in cols] == [None] * 11
-    assert [rows["c"][c] for c in cols] == [0.5, 1.0, 0.25] + [None] * 8
-    assert [rows["d"][c] for c in cols] == [0.5, 1.0, 0.25, 1.0] + [None] * 7
-    assert [rows["e"][c] for c in cols] == [None] * 3 + [1.0, 0.8, 1.2, 0.02, True] + [None] * 3
-    assert [rows["b"][c] for c in cols] == [0.25, 0.5, 0.125, 2.0, 0.9, 1.1, 0.01, False, 1980, 1755, "0x4"]
+    assert [rows["a"][c] for c in cols] == [None] * 13
+    assert [rows["c"][c] for c in cols] == [0.5, 1.0, 0.25] + [None] * 10
+    assert [rows["d"][c] for c in cols] == [0.5, 1.0, 0.25, 1.0] + [None] * 9
+    assert [rows["e"][c] for c in cols] == [None] * 3 + [1.0, 0.8, 1.2, 0.02, True] + [None] * 5
+    assert [rows["b"][c] for c in cols] == [0.25, 0.5, 0.125, 2.0, 0.9, 1.1, 0.01, False, 1980, 1755, "0x4", 0.5, None]
     assert pq.read_table(out).schema.equals(SCHEMA, check_metadata=False)  # the current schema, whatever came first
 
 
