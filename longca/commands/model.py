@@ -89,9 +89,14 @@ def _model_cp(args: argparse.Namespace) -> int:
         raise ValueError(f"--jobs {args.jobs}: allowed: a positive number of processes")
     if args.draws < 1:
         raise ValueError(f"--draws {args.draws}: allowed: a positive number of mask draws")
+    from longca.measure.env import git_commit
+
+    commit = git_commit()  # once: a commit made while the cells are modelled must not split the table
     rows, t0 = [], time.monotonic()
     with ProcessPoolExecutor(args.jobs) if args.jobs > 1 else _Inline() as pool:
-        for i, row in enumerate(pool.map(model_row, chosen, repeat(cluster), repeat(rates), repeat(args.draws)), 1):
+        for i, row in enumerate(
+            pool.map(model_row, chosen, repeat(cluster), repeat(rates), repeat(args.draws), repeat(commit)), 1
+        ):
             rows.append(row)
             shown = f"{row['tflops']:.0f} TFLOP/s per GPU" if row["status"] == "ok" else f"unsupported: {row['reason']}"
             print(f"[{i}/{len(chosen)}] {chosen[i - 1].id}: {shown}", file=sys.stderr)

@@ -270,12 +270,13 @@ MODEL_COLUMNS = (
 )
 
 
-def model_row(cell, cluster: Cluster, rates: Rates, draws: int = 1) -> dict:
+def model_row(cell, cluster: Cluster, rates: Rates, draws: int = 1, commit: str | None = None) -> dict:
     """One row of a model table (source = model) for a CP cell: ok with the modelled iteration
     time and per-GPU TFLOP/s, or unsupported with the reason (planning's, or the model's).
     A sampled mask (documents) is modelled for its first min(draws, the cell's samples) draws:
     the row holds the draw whose per-GPU TFLOP/s is the median (every draw's rate beside it),
-    since one draw's documents can change the attended area per token many times over."""
+    since one draw's documents can change the attended area per token many times over.
+    `commit`: the code's commit as read once when the command started (default: read now)."""
     import json
 
     from longca.measure.env import git_commit
@@ -304,7 +305,7 @@ def model_row(cell, cluster: Cluster, rates: Rates, draws: int = 1) -> dict:
         "cp_degrees": json.dumps(dict(cell.cp_degrees), sort_keys=True),
         "cp_balance": cell.cp_balance,
         "tokens_per_gpu": cell.seqlen // cell.world_size,
-        "git_commit": git_commit(),
+        "git_commit": commit or git_commit(),
     }
     reason = planned_unsupported(cell)
     models: list[CellModel] = []

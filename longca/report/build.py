@@ -387,7 +387,7 @@ def _cp_model_page(model: pl.DataFrame, validation: pl.DataFrame | None, c: pl.D
         page.p(
             "Not modelled: the LSE combination and other local work between attention calls, kernel launch "
             "gaps, contention between collectives of one node, and NCCL protocol effects beyond a "
-            "per-message latency. Mask draw 0 of each sampled mask."
+            "per-message latency. A sampled mask's row is its median modelled draw (`draws`, `tflops_draws`)."
         )
         unsupported = model.filter(pl.col("status") != "ok")
         if unsupported.height:
