@@ -58,6 +58,8 @@ TOOLTIP = (
     "tflops",
     "tflops_ci_low",
     "tflops_ci_high",
+    "tflops_draw_low",
+    "tflops_draw_high",
     "tokens_per_s",
     "median_ms",
     "ci_low_ms",
@@ -342,6 +344,21 @@ def mask_metric(
     plain = df.get_column("series").equals(df.get_column("kernel"))  # one machine: series are kernel names
     scale = kernel_scale(kernels) if kernels and plain else None
     layers = [("measured", df, _lines(_length_x(df), y, scale=scale))]
+    spread = df.filter(pl.col("tflops_draw_high") > pl.col("tflops_draw_low")) if metric == "tflops" else df.clear()
+    if spread.height:
+        # the median over mask draws is the line; the band spans the draws (lowest to highest)
+        x = _length_x(df)
+
+        def band(base: alt.Chart) -> alt.Chart:
+            return base.mark_area(opacity=0.15, tooltip=TOOLTIP_ALL).encode(
+                x=x,
+                y=alt.Y("tflops_draw_low:Q", title=title),
+                y2="tflops_draw_high:Q",
+                color=alt.Color("series:N", title=None, scale=scale or alt.Undefined, legend=None),
+                detail="series:N",
+            )
+
+        layers.insert(0, ("draws", df.filter(pl.col("tflops_draw_high").is_not_null()), band))
     if metric == "tflops" and not peers.is_empty():
         panels = df.select("mask", "pass", "attn", "shape", "head_dim", "dtype").unique()
         shown = (
@@ -374,7 +391,9 @@ def mask_metric(
         machines=queries.machines(df),
         values=values,
         caption=f"{title} of every ok cell on mask {mask}; columns: pass, rows: shape (attention type, heads "
-        "q:kv, head dim, dtype). Click a legend entry to pick kernels (shift-click for several)." + peer_note,
+        "q:kv, head dim, dtype). Click a legend entry to pick kernels (shift-click for several)."
+        + (" Lines: the median over mask draws; shaded: the lowest to the highest draw." if spread.height else "")
+        + peer_note,
         query=f"status ok, world_size 1, kernel_family softmax, mask {mask}",
     )
 

@@ -224,6 +224,10 @@ def cells(rows: pl.DataFrame) -> pl.DataFrame:
             *[pl.col(c).drop_nulls().first() for c in _FIRST if c != "machine"],
             *[pl.col(c).median() for c in _MEDIAN],
             pl.col("peak_mem_bytes").max(),
+            # the spread over mask draws (one row each), apart from each draw's timing interval
+            # (whose median is tflops_ci_*): draw variance never enters the timing CI
+            pl.col("tflops").min().alias("tflops_draw_low"),
+            pl.col("tflops").max().alias("tflops_draw_high"),
             pl.col("status_rank").max().alias("worst"),
             (pl.col("status") == "ok").all().alias("all_ok"),
             pl.len().alias("rows"),

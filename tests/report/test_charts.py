@@ -229,3 +229,43 @@ def test_the_head_dim_chart_orders_lengths_by_number(cells: pl.DataFrame) -> Non
     for mask in study.get_column("mask").unique():
         rows = [g for g in order if g.startswith(f"{mask} ")]
         assert [g.rsplit(" · ", 1)[1] for g in rows][:2] == [short, long], rows
+
+
+def test_mask_chart_draws_the_spread_over_mask_draws_as_a_band() -> None:
+    rows = [
+        dict(
+            kernel="k",
+            mask="causal_document",
+            seqlen_q=s,
+            seqlen_k=s,
+            batch=1,
+            heads_q=8,
+            heads_kv=8,
+            head_dim=64,
+            dtype="bfloat16",
+            status="ok",
+            tflops=t,
+            median_ms=1.0,
+            device_name="d",
+            host="h",
+            device="cuda",
+            cell_id=f"k/{s}",
+            world_size=1,
+            mask_sample=i,
+            **{"pass": "fwd"},
+        )
+        for s in (1024, 2048)
+        for i, t in enumerate((90.0, 100.0, 130.0))
+    ]
+    from longca.store.schema import to_table
+
+    c = queries.mask_cells(queries.cells(pl.from_arrow(to_table(rows))))
+    ch = charts.mask_metric("causal_document", c, "tflops", pl.DataFrame())
+    spec = ch.spec()
+    band = _layer(spec, "draws")
+    assert [(v["tflops_draw_low"], v["tflops"], v["tflops_draw_high"]) for v in band] == [(90.0, 100.0, 130.0)] * 2
+    assert "the lowest to the highest draw" in ch.caption
+    assert validate_jsonschema(spec, load_schema(), raise_error=False) is None
+    # one draw per cell: no band
+    one = queries.mask_cells(queries.cells(pl.from_arrow(to_table([r for r in rows if r["mask_sample"] == 0]))))
+    assert _layer(charts.mask_metric("causal_document", one, "tflops", pl.DataFrame()).spec(), "draws") == []

@@ -49,6 +49,19 @@ def test_cell_is_the_median_of_its_samples() -> None:
     assert c.item(0, "tflops") == 20.0 and c.item(0, "rows") == 3 and c.item(0, "status") == "ok"
 
 
+def test_the_draw_spread_stays_apart_from_the_timing_interval() -> None:
+    # three mask draws, each timed with its own interval (median 1 ms, 0.9-1.1)
+    rows = [
+        _row(tflops=t, mask_sample=i, median_ms=1.0, ci_low_ms=0.9, ci_high_ms=1.1, samples_ms=[1.0] * 9)
+        for i, t in enumerate((90.0, 120.0, 100.0))
+    ]
+    c = _cells(rows)
+    assert (c.item(0, "tflops_draw_low"), c.item(0, "tflops"), c.item(0, "tflops_draw_high")) == (90.0, 100.0, 120.0)
+    # the timing interval is the draws' median interval, not widened by the draws' spread
+    assert c.item(0, "tflops_ci_low") == pytest.approx(100.0 / 1.1)
+    assert c.item(0, "tflops_ci_high") == pytest.approx(100.0 / 0.9)
+
+
 def test_one_failed_sample_withholds_the_whole_cell() -> None:
     c = _cells([_row(mask_sample=0), _row(mask_sample=1, status="incorrect")])
     assert c.item(0, "status") == "incorrect" and not c.item(0, "all_ok")
