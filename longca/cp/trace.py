@@ -5,7 +5,7 @@ with tensors on the `meta` device (shapes and dtypes, no data, no process group)
 `RecordingKernel` records each attention call (its sub-mask's area and shape) and a
 `RecordingComm` each collective with the bytes it would put on the wire and the ranks it involves.
 Since the trace is the code that runs, a change to a mechanism's schedule changes its trace; the
-CP model (longca.model.cp) turns traces into time. tests/model/test_trace.py checks a trace
+CP model (longca.model.cp) turns traces into time. tests/cp/test_trace.py checks a trace
 against what the same mechanism sends on gloo.
 
 Events, in program order:
