@@ -277,33 +277,15 @@ def model_row(cell, cluster: Cluster, rates: Rates, draws: int = 1, commit: str 
     the row holds the draw whose per-GPU TFLOP/s is the median (every draw's rate beside it),
     since one draw's documents can change the attended area per token many times over.
     `commit`: the code's commit as read once when the command started (default: read now)."""
-    import json
-
     from longca.measure.env import git_commit
     from longca.run.cell import planned_unsupported
+    from longca.run.rows import cell_columns
 
     row = {
         "source": "model",
         "cluster": cluster.name,
         "assumptions": f"{cluster.assumptions()}; compute at {rates.gpu} rates measured on one GPU",
-        "spec": cell.spec,
-        "sweep": cell.sweep,
-        "cell_digest": cell.digest,
-        "kernel": cell.kernel,
-        "mask": cell.mask,
-        "mask_variant": cell.mask_variant,
-        "seqlen_q": cell.seqlen,
-        "heads_q": cell.heads_q,
-        "heads_kv": cell.heads_kv,
-        "head_dim": cell.head_dim,
-        "dtype": cell.dtype,
-        "pass": cell.pass_,
-        "batch": cell.batch,
-        "world_size": cell.world_size,
-        "cp_mechanism": cell.cp_mechanism,
-        "cp_variant": cell.cp_variant,
-        "cp_degrees": json.dumps(dict(cell.cp_degrees), sort_keys=True),
-        "cp_balance": cell.cp_balance,
+        **cell_columns(cell),  # model_table keeps the columns it names
         "tokens_per_gpu": cell.seqlen // cell.world_size,
         "git_commit": commit or git_commit(),
     }

@@ -39,15 +39,14 @@ def _cp_degrees(cell: Cell) -> str | None:
     return json.dumps({"ulysses": u, "ring": r, "windows": w}, sort_keys=True)
 
 
-def base_row(cell: Cell) -> dict[str, Any]:
-    """Identity, shape, mask, CP and environment columns of a cell (no measurement)."""
+def cell_columns(cell: Cell) -> dict[str, Any]:
+    """The columns a cell's rows share, measured or modelled: identity, shape, mask and CP layout."""
     pattern = PATTERNS.get(cell.mask)
-    row = {
+    return {
         "spec": cell.spec,
         "sweep": cell.sweep,
         "cell_id": cell.id,
         "cell_digest": cell.digest,
-        "run_id": RUN_ID,
         "kernel": cell.kernel,
         "pass": cell.pass_,
         "batch": cell.batch,
@@ -69,8 +68,13 @@ def base_row(cell: Cell) -> dict[str, Any]:
         "cp_variant": cell.cp_variant,
         "cp_degrees": _cp_degrees(cell),
         "cp_balance": cell.cp_balance,
-        "timestamp": datetime.now(UTC),
     }
+
+
+def base_row(cell: Cell) -> dict[str, Any]:
+    """Identity, shape, mask, CP and environment columns of a cell (no measurement)."""
+    pattern = PATTERNS.get(cell.mask)
+    row = {**cell_columns(cell), "run_id": RUN_ID, "timestamp": datetime.now(UTC)}
     try:
         kernel = registry.get(cell.kernel)
         row["kernel_family"] = kernel.caps.family

@@ -165,29 +165,14 @@ def test_every_matched_cell_carries_the_command_that_measures_it_again(tmp_path)
     import shlex
 
     from longca.report.repro import repro_command
+    from longca.run.rows import cell_columns
     from longca.spec.cells import expand
     from longca.spec.load import load_spec
     from longca.spec.select import selector
 
     cells = expand(load_spec(ROOT / "specs" / "default.yaml"))
     for cell in (cells[0], next(c for c in cells if c.cp_mechanism)):
-        row = {
-            "spec": cell.spec,
-            "sweep": cell.sweep,
-            "kernel": cell.kernel,
-            "mask": cell.mask,
-            "mask_variant": cell.mask_variant,
-            "seqlen_q": cell.seqlen,
-            "heads_q": cell.heads_q,
-            "heads_kv": cell.heads_kv,
-            "head_dim": cell.head_dim,
-            "dtype": cell.dtype,
-            "pass": cell.pass_,
-            "batch": cell.batch,
-            "cp_mechanism": cell.cp_mechanism,
-            "world_size": cell.world_size,
-            "cp_variant": cell.cp_variant,
-        }
+        row = cell_columns(cell)
         args = shlex.split(repro_command(row))
         assert args[:6] == ["longca", "run", "--spec", "specs/default.yaml", "--sweep", cell.sweep]
         only = [args[i + 1] for i, a in enumerate(args) if a == "--only"]

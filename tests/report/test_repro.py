@@ -7,6 +7,7 @@ import shlex
 import polars as pl
 
 from longca.report.repro import repro_command, selection_columns, with_selection_repro
+from longca.run.rows import cell_columns
 from longca.spec.cells import expand
 from longca.spec.load import load_spec
 from longca.spec.select import selector
@@ -28,26 +29,6 @@ sweeps:
 """
 
 
-def _row(cell) -> dict:
-    return {
-        "spec": cell.spec,
-        "sweep": cell.sweep,
-        "kernel": cell.kernel,
-        "mask": cell.mask,
-        "mask_variant": cell.mask_variant,
-        "seqlen_q": cell.seqlen,
-        "heads_q": cell.heads_q,
-        "heads_kv": cell.heads_kv,
-        "head_dim": cell.head_dim,
-        "dtype": cell.dtype,
-        "pass": cell.pass_,
-        "batch": cell.batch,
-        "cp_mechanism": cell.cp_mechanism,
-        "world_size": cell.world_size,
-        "cp_variant": cell.cp_variant,
-    }
-
-
 def _chosen(cells, command: str) -> list:
     args = shlex.split(command)
     sweeps = [args[i + 1] for i, a in enumerate(args) if a == "--sweep"]
@@ -61,12 +42,12 @@ def test_every_cell_is_selected_alone_by_its_row_command():
     # USP at 4 GPUs tries every Ulysses degree: several cells differ only in their CP variant
     assert len({c.cp_variant for c in usp}) > 1
     for cell in cells:
-        assert _chosen(cells, repro_command(_row(cell))) == [cell]
+        assert _chosen(cells, repro_command(cell_columns(cell))) == [cell]
 
 
 def test_a_line_command_selects_its_cells_over_the_omitted_axes():
     cells = expand(load_spec(text=SPEC))
-    rows = pl.DataFrame([_row(c) for c in cells if c.world_size == 1])
+    rows = pl.DataFrame([cell_columns(c) for c in cells if c.world_size == 1])
     lines = with_selection_repro(
         rows.group_by("mask", "mask_variant").agg(
             *[
