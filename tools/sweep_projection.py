@@ -1,4 +1,5 @@
-"""Project a sweep's efficiency and device time under another timing budget, from measured rows.
+"""Project a sweep's efficiency and device time under another timing budget, from measured rows;
+with --spec, a whole spec's device time under its own (adaptive) protocol.
 
 A projection, not a measurement (NOTES.md labels it so): each `ok` row's median call time is taken
 as measured; under a budget B and a call cap N a row makes min(N, max(min_iters, B / call)) timed
@@ -8,12 +9,28 @@ float32 references, first calls).
 
     python3 tools/sweep_projection.py --rows results/h200/all.parquet --sweep dense \
         --budgets 1 1.5 2 --caps 200 1000
+    python3 tools/sweep_projection.py --rows results/h200/all.parquet --spec specs/h200.yaml
+
+The spec projection replays the adaptive protocol (`repeat.ci_target`, longca.measure.timer) on each
+cell's committed samples, in their order: batches as large as the samples so far until the median's
+95% interval is within the target, `iters` calls or `budget_s`; past the committed samples the
+interval's half-width is taken to shrink as 1/sqrt(n). Per row it adds the warm-up (`warmup_s` of
+calls), the L2 flush per call, the graph replays of forward cells (`repeat.graph`, as many calls
+again, below `graph_below_ms`), the full-length agreement of cells beyond the check length (`check.agree_with`: the cell's
+own forward and a comparator's, at the cell's forward time) and a per-row overhead; per cell its
+committed check and compile seconds; per sweep a fixed start-up. A row per mask draw of the spec.
+Cells the spec marks unsupported cost nothing; failed cells their committed wall (a timeout its
+limit); cells never measured the median projection of measured cells of the same sweep, length and
+pass (counted apart).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+from collections import defaultdict
+from statistics import median
 
 import duckdb
 
@@ -37,10 +54,131 @@ def project(
     return timed / wall, wall
 
 
+def adaptive_calls(samples_ms: list[float], target: float, min_iters: int, iters: int, budget_s: float) -> int:
+    """Timed calls the adaptive protocol makes on a row whose calls take `samples_ms` (in call order),
+    as longca.measure.timer's `_adaptive` decides them."""
+    from longca.measure.stats import median_ci, min_samples
+
+    call = median(samples_ms)
+    floor = max(min_iters, 3 if samples_ms[0] >= 1000.0 else min_samples())
+    have = len(samples_ms)
+    hw_all = None
+    if have >= min_samples():
+        ci = median_ci(samples_ms)
+        hw_all = max(ci.high - call, call - ci.low) / call
+    n = min(floor, iters)
+    while True:
+        if n <= have:
+            ci = median_ci(samples_ms[:n])
+            m = median(samples_ms[:n])
+            done = n >= floor and ci.covered and max(ci.high - m, m - ci.low) / m <= target
+        else:
+            done = hw_all is not None and hw_all * math.sqrt(have / n) <= target
+        spent = n * call / 1000.0
+        if done or n >= iters or spent >= budget_s:
+            return n
+        left = int((budget_s - spent) / (call / 1000.0))
+        n += max(1, min(n, iters - n, left))
+
+
+def project_spec(spec_path: str, rows_path: str, per_row_s: float, per_call_ms: float, fixed_s: float):
+    """Per sweep: (cells, rows, unmeasured cells, projected seconds) of the spec's cells under its protocol."""
+    from longca.run.cell import planned_unsupported
+    from longca.spec.cells import expand
+    from longca.spec.load import load_spec
+
+    spec = load_spec(spec_path)
+    cells = expand(spec)
+    found = duckdb.execute(
+        """SELECT regexp_replace(cell_id, '@[0-9a-f]+$', '') AS ident, status, samples_ms, median_ms,
+                  cell_wall_s, check_s, compile_s, cell_digest
+           FROM read_parquet(?) WHERE spec = ? ORDER BY timestamp""",
+        [rows_path, spec.name],
+    ).fetchall()
+    by_digest: dict[str, dict[str, list]] = defaultdict(dict)  # ident -> digest -> rows, in time order
+    for r in found:
+        by_digest[r[0]].setdefault(r[7], []).append(r)
+    # per cell the last measured digest with ok rows (a later failure under a superseded protocol
+    # says little about the new one), else the last one
+    latest = {
+        ident: next((rows for rows in reversed(d.values()) if any(x[1] == "ok" for x in rows)), list(d.values())[-1])
+        for ident, d in by_digest.items()
+    }
+    fwd_ms = {}
+    for ident, rows in latest.items():
+        ok = [r[3] for r in rows if r[1] == "ok" and r[3]]
+        if ok and "/pass=fwd/" in ident:
+            fwd_ms[ident.replace("/pass=fwd/", "/pass=")] = median(ok)
+
+    def cell_cost(cell, rows) -> float:
+        rep, check = cell.repeat_dict, cell.check_dict
+        ok = [r for r in rows if r[1] == "ok" and r[2]]
+        if not ok:
+            status = rows[-1][1]
+            return float(cell.timeout_s) if status == "timeout" else float(rows[-1][4] or 0.0)
+        per_draw = []
+        ident = cell.id.rsplit("@", 1)[0]
+        for r in ok:
+            samples = list(r[2])
+            call = median(samples)
+            n = adaptive_calls(
+                samples, rep.get("ci_target") or 1.0, rep.get("min_iters", 1), rep["iters"], rep["budget_s"]
+            )
+            warm = min(rep.get("warmup", 1), max(1, math.ceil(rep.get("warmup_s", 0.0) * 1000.0 / call))) * call
+            t = warm + n * (call + per_call_ms) + per_row_s * 1000.0
+            if rep.get("graph") and cell.pass_ == "fwd" and call < rep.get("graph_below_ms", math.inf):
+                t += n * (call + per_call_ms) + call
+            if check.get("agree_with") and cell.seqlen > int(check["max_seqlen"]):
+                fwd = fwd_ms.get(ident.replace(f"/pass={cell.pass_}/", "/pass="), call / 2.5)
+                t += 2 * fwd
+            per_draw.append(t / 1000.0)
+        first = ok[0]
+        return sum(per_draw) / len(per_draw) * cell.samples + float(first[5] or 0.0) + float(first[6] or 0.0)
+
+    out: dict[str, list] = {}
+    guess: dict[str, list] = defaultdict(list)
+    pending = []
+    for cell in cells:
+        entry = out.setdefault(cell.sweep, [0, 0, 0, fixed_s])
+        entry[0] += 1
+        if planned_unsupported(cell):
+            entry[1] += 1
+            continue
+        entry[1] += cell.samples
+        rows = latest.get(cell.id.rsplit("@", 1)[0])
+        if rows:
+            cost = cell_cost(cell, rows)
+            entry[3] += cost
+            guess[(cell.sweep, cell.seqlen, cell.pass_)].append(cost)
+        else:
+            entry[2] += 1
+            pending.append(cell)
+    for cell in pending:
+        similar = guess.get((cell.sweep, cell.seqlen, cell.pass_)) or [c for v in guess.values() for c in v]
+        out[cell.sweep][3] += median(similar)
+    return out
+
+
+def main_spec(a: argparse.Namespace) -> int:
+    out = project_spec(a.spec, a.rows, a.per_row_s, a.per_call_ms, a.fixed_s)
+    print(f"{'sweep':16s} {'cells':>6s} {'rows':>6s} {'unmeasured':>10s} {'minutes':>8s}")
+    total = 0.0
+    for sweep, (cells, rows, unmeasured, secs) in out.items():
+        total += secs
+        print(f"{sweep:16s} {cells:6d} {rows:6d} {unmeasured:10d} {secs / 60:8.1f}")
+    print(
+        f"{'total':16s} {sum(v[0] for v in out.values()):6d} {sum(v[1] for v in out.values()):6d} "
+        f"{sum(v[2] for v in out.values()):10d} {total / 60:8.1f}"
+    )
+    print(f"per row {a.per_row_s} s, per call {a.per_call_ms} ms, fixed {a.fixed_s} s per sweep")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", required=True)
-    ap.add_argument("--sweep", required=True)
+    ap.add_argument("--sweep")
+    ap.add_argument("--spec", help="project the whole spec under its own protocol instead")
     ap.add_argument("--budgets", type=float, nargs="+", default=[1.0, 1.5, 2.0])
     ap.add_argument("--caps", type=int, nargs="+", default=[200, 1000])
     ap.add_argument("--min-iters", type=int, default=10)
@@ -48,6 +186,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-call-ms", type=float, default=0.05)
     ap.add_argument("--fixed-s", type=float, default=650.0)
     a = ap.parse_args(argv)
+    if a.spec:
+        return main_spec(a)
+    if not a.sweep:
+        ap.error("--sweep or --spec is required")
     medians = [
         r[0]
         for r in duckdb.execute(

@@ -35,6 +35,7 @@ from longca.measure.graphs import capture
 from longca.measure.reference import dense_mask_tensor, reference_attention, relative_error
 from longca.measure.reference_cache import ReferenceCache
 from longca.measure.timer import RETAINED_GRAPH, time_under, timer_for
+from longca.run.agreement import agreement_applies, compare
 from longca.run.check import check_columns, check_verdict
 from longca.run.rows import base_row, classify, gate_peak, mask_columns, softmax_flops, status_row, timing_columns
 from longca.spec.cells import Cell
@@ -362,6 +363,28 @@ def _measure_sample(
         form=form,
         **({"grad": need_grad} if hasattr(kernel, "grad_changes_form") else {}),
     )
+    agreement: dict[str, Any] = {}
+    if agreement_applies(cell):  # before timing: its outputs are freed before the peak-memory count
+        agreement = compare(
+            cell,
+            mask,
+            tuple(_to_bshd(x, kernel.layout, cell.batch) for x in (q, k, v)),
+            lambda: _to_bshd(prepared.call(q, k, v), kernel.layout, cell.batch),
+            device,
+            _from_bshd,
+            lambda x, layout: _to_bshd(x, layout, cell.batch),
+        )
+        if "incorrect" in agreement:  # a wrong result is never a speed
+            failed = agreement.pop("incorrect")
+            return {
+                **mask_columns(mask, sample),
+                "mask_form": form,
+                **agreement,
+                **check_columns(check or {}),
+                "status": Status.INCORRECT.value,
+                "reason": failed,
+                "_kernel_s": 0.0,
+            }
     timer = timer_for(device, bool(rep.get("l2_flush", True)))
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -401,7 +424,7 @@ def _measure_sample(
             timing = timed(lambda: saved["out"].backward(do), before=fresh_forward)
         else:
             timing = timed(lambda: prepared.call(q, k, v).backward(do), before=clear_grads)
-        graph = graph_columns(cell, rep, timer, lambda: prepared.call(q, k, v), device)
+        graph = graph_columns(cell, rep, timer, lambda: prepared.call(q, k, v), device, timing.median_ms)
     peak = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
     clock1 = gpu_clock_state() if device.type == "cuda" else {}
     area = mask.area_per_head * cell.batch
@@ -420,6 +443,7 @@ def _measure_sample(
         "throttle_reasons": clock1.get("throttle"),
         **window.summary(),
         **graph,
+        **agreement,
         "status": Status.OK.value,
         "reason": None,
     }
@@ -492,14 +516,21 @@ def run_cell(cell: Cell, caches: CellCaches | None = None) -> list[dict[str, Any
     return rows
 
 
-def graph_columns(cell: Cell, rep: dict, timer, call, device: torch.device) -> dict:
+def graph_columns(cell: Cell, rep: dict, timer, call, device: torch.device, eager_ms: float | None = None) -> dict:
     """With `repeat.graph`, a forward cell's call captured in a CUDA graph and its replays timed
     under the same protocol (graph_* columns: kernel time without host launch time), or the reason
-    there is none. Nothing without `repeat.graph` (rows keep their columns empty)."""
+    there is none. Nothing without `repeat.graph` (rows keep their columns empty). With
+    `repeat.graph_below_ms`, only calls whose eager median (`eager_ms`) is shorter are replayed: a
+    launch costs microseconds, so a long call's replays would repeat its timing at its full cost."""
     if not rep.get("graph"):
         return {}
     if cell.pass_ != Pass.FWD:
         return {"graph_reason": "backward cells are timed eagerly only (no capture of autograd's backward)"}
+    limit = rep.get("graph_below_ms")
+    if limit is not None and eager_ms is not None and eager_ms >= limit:
+        return {
+            "graph_reason": f"eager median {eager_ms:.3g} ms >= repeat.graph_below_ms {limit:g}: launch time is negligible"
+        }
     with torch.no_grad():
         captured, reason = capture(call, device)
         if captured is None:

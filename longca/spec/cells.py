@@ -207,17 +207,27 @@ def unknown_sweep(name: str, spec_name: str, names: Iterable[str]) -> str | None
     return None if name in names else f"--sweep {name!r}: no such sweep in {spec_name!r}; allowed: {', '.join(names)}"
 
 
-def _check_for(check: dict[str, Any], dtype: str) -> str:
-    """The `check` JSON of a cell whose dtype has a late default tolerance (see LATE_TOLERANCES)."""
-    tolerance = {dtype: LATE_TOLERANCES[dtype], **check.get("tolerance", {})}
-    return json.dumps({**check, "tolerance": tolerance}, sort_keys=True)
+def _check_for(check: dict[str, Any], dtype: str, beyond: bool) -> str:
+    """The `check` JSON of a cell: a dtype with a late default tolerance gets it (see LATE_TOLERANCES);
+    `agree_with` stays only in cells longer than the check length (`beyond`), where it applies, so
+    asking for full-length agreement gives only those cells new digests."""
+    check = dict(check)
+    if dtype in LATE_TOLERANCES:
+        check["tolerance"] = {dtype: LATE_TOLERANCES[dtype], **check.get("tolerance", {})}
+    if not beyond:
+        check.pop("agree_with", None)
+    return json.dumps(check, sort_keys=True)
 
 
 def expand(spec: Spec) -> list[Cell]:
     """Every cell of the spec, in a stable order (cheap cells first within each sweep)."""
     cells: list[Cell] = []
-    check = json.dumps(spec.check, sort_keys=True)
-    late_checks = {dtype: _check_for(spec.check, dtype) for dtype in LATE_TOLERANCES}
+    checks = {
+        (dtype, beyond): _check_for(spec.check, dtype, beyond)
+        for sw in spec.sweeps
+        for dtype in sw.dtypes
+        for beyond in (False, True)
+    }
     for sw in spec.sweeps:
         repeat = tuple(sorted(sw.repeat.items()))
         cp_variants: list[tuple[int, str | None, tuple, str | None, str | None]] = [(1, None, (), None, None)]
@@ -272,7 +282,8 @@ def expand(spec: Spec) -> list[Cell]:
                     seed=spec.seed,
                     samples=_samples(sw, mask),
                     repeat=repeat,
-                    check=late_checks.get(dtype, check),
+                    # CP cells keep their check at its reduced length (no full-length comparison yet)
+                    check=checks[dtype, mech is None and seqlen > int(spec.check["max_seqlen"])],
                     timeout_s=sw.timeout_s,
                     world_size=world,
                     cp_mechanism=mech,

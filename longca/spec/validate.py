@@ -42,6 +42,10 @@ def check_mask_params(name: str, params: dict[str, Any], where: str) -> None:
 
 def check_spec(spec: Spec) -> None:
     kernels = registry.load_all()
+    for j, k in enumerate(spec.check.get("agree_with", ())):
+        if k not in kernels:
+            raise SpecError(f"check.agree_with.{j}", f"unknown kernel {k!r}; allowed: {sorted(kernels)}")
+    _dupes(tuple(spec.check.get("agree_with", ())), "check.agree_with")
     for i, sw in enumerate(spec.sweeps):
         where = f"sweeps.{i}"
         for axis in ("kernels", "seqlens", "heads", "head_dims", "dtypes", "passes", "batch"):

@@ -14,7 +14,10 @@ import pyarrow as pa
 
 from longca.vocab import Status
 
-SCHEMA_VERSION = 5  # 2: phase times check_s, timer_wall_s, warmup_s; 3: cooldown_s; 4: ci_*; 5: clock_window_*, graph_*
+SCHEMA_VERSION = (
+    6  # 2: phase times check_s, timer_wall_s, warmup_s; 3: cooldown_s; 4: ci_*; 5: clock_window_*, graph_*;
+)
+# 6: agree_* (full-length agreement)
 
 STATUSES = tuple(s.value for s in Status)
 
@@ -150,6 +153,18 @@ _FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("rel_err_dk", pa.float64(), ""),
     ("rel_err_dv", pa.float64(), ""),
     ("check_seqlen", pa.int64(), "length at which the correctness check ran"),
+    (
+        "agree_kernel",
+        pa.string(),
+        "the second kernel this draw's output was compared with at the full length (check.agree_with, "
+        "cells longer than check_seqlen; since v6)",
+    ),
+    ("agree_rel_diff", pa.float64(), "||out - out_agree_kernel|| / ||out_agree_kernel|| at the full length (since v6)"),
+    (
+        "agree_reason",
+        pa.string(),
+        "why a cell that asked for agreement has none: no listed kernel served it (since v6)",
+    ),
     (
         "backend",
         pa.string(),

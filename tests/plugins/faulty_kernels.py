@@ -1,6 +1,6 @@
 """Deliberately broken kernels, registered only in tests (LONGCA_PLUGINS=faulty_kernels).
 
-Each fails in one way a real kernel can: wrong numbers, a crash, a hang, an exception, an
+Each fails in one way a real kernel can: wrong numbers (everywhere, or only beyond the check length), a crash, a hang, an exception, an
 out-of-memory error, or an impossible speed. The pipeline must turn each into the right row.
 The hang and segfault kernels are CP per-rank kernels too, failing on rank 1 only, so rank 0 is left
 waiting in a collective, as when one GPU of a group fails.
@@ -49,6 +49,9 @@ class Faulty:
         def call(q, k, v):
             if mode == "wrong":
                 return good.call(q, k, v) * 1.01  # 1% off: must be caught as incorrect
+            if mode == "wrong_long" and q.shape[2] > 128:
+                # right at the check length, 5% off beyond it: only full-length agreement sees it
+                return good.call(q, k, v) * 1.05
             if mode == "segfault" and q.shape[2] > 128:
                 os.kill(os.getpid(), signal.SIGSEGV)
             if mode == "hang" and q.shape[2] > 128:
@@ -88,6 +91,6 @@ class FaultyRank(RankNaive):
         return super().fwd(q, k, v, sub)
 
 
-for _mode in ("wrong", "segfault", "hang", "raise", "oom", "too_fast"):
+for _mode in ("wrong", "wrong_long", "segfault", "hang", "raise", "oom", "too_fast"):
     if f"test_{_mode}" not in KERNELS:
         register(Faulty(f"test_{_mode}", _mode))

@@ -449,3 +449,16 @@ def test_graph_replay_times_the_captured_call_under_the_same_timer(monkeypatch):
     (row,) = run_cell(expand(spec("[naive]", masks="[full]", passes="[fwd]", repeat=fixed))[0])
     assert row.get("graph_reason") is None and Fake.calls == 1 + 4 and Fake.released  # warm-up, then the timed calls
     assert row["graph_ci_low_ms"] <= row["graph_median_ms"] <= row["graph_ci_high_ms"]
+
+
+def test_graph_replay_skips_calls_longer_than_graph_below_ms(monkeypatch):
+    """A long call's replays would repeat its timing at full cost for a launch time of microseconds."""
+    import longca.run.cell as cell_module
+
+    monkeypatch.setattr(cell_module, "capture", lambda fn, device: (_ for _ in ()).throw(AssertionError("captured")))
+    fixed = "warmup: 1, iters: 2, min_iters: 1, budget_s: 0.2, l2_flush: false, graph: true, graph_below_ms: 1.0e-6"
+    (row,) = run_cell(expand(spec("[naive]", masks="[full]", passes="[fwd]", repeat=fixed))[0])
+    assert row["status"] == "ok" and row.get("graph_median_ms") is None
+    assert row["graph_reason"].startswith("eager median ") and row["graph_reason"].endswith(
+        ">= repeat.graph_below_ms 1e-06: launch time is negligible"
+    )

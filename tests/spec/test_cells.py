@@ -137,18 +137,19 @@ sweeps:
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 KNOWN_DIGESTS = {
     "h200.yaml": {
-        # the dense sweep moved to the sweep-efficiency protocol in the eleventh session (was
-        # 31e4828a9c27182b): its cells are measured again, the old rows superseded cell by cell
+        # every sweep moved to one protocol (adaptive +-1% interval, three mask draws, full-length
+        # agreement beyond 8K, graph replay): every cell is measured again, the earlier rows
+        # superseded cell by cell
         "dense/kernel=sdpa_cudnn/mask=full/mask_variant=default/seqlen_q=1024/heads_q=64/heads_kv=8/head_dim=128/"
-        "dtype=bfloat16/pass=fwd/batch=1": "7cbb0009426b7591",
+        "dtype=bfloat16/pass=fwd/batch=1": "077abeada9b09b49",
         "dense_baselines/kernel=naive/mask=full/mask_variant=default/seqlen_q=1024/heads_q=64/heads_kv=8/"
-        "head_dim=128/dtype=bfloat16/pass=fwd/batch=1": "5fea6995074fc4ae",
+        "head_dim=128/dtype=bfloat16/pass=fwd/batch=1": "6b38f1dd135e507c",
         "long/kernel=sdpa_cudnn/mask=full/mask_variant=default/seqlen_q=65536/heads_q=64/heads_kv=8/head_dim=128/"
-        "dtype=bfloat16/pass=fwd/batch=1": "9a218cd95fa445ab",
+        "dtype=bfloat16/pass=fwd/batch=1": "b5535abe27cb8b9c",
         "sparse/kernel=triton_block_sparse/mask=block_sparse/mask_variant=block-128_density-0.5/seqlen_q=16384/"
-        "heads_q=64/heads_kv=8/head_dim=128/dtype=bfloat16/pass=fwd/batch=1": "c96e8beeb829ac38",
+        "heads_q=64/heads_kv=8/head_dim=128/dtype=bfloat16/pass=fwd/batch=1": "48d71ad2b37ad0a2",
         "linear/kernel=fla_linear_attn/mask=causal/mask_variant=default/seqlen_q=1024/heads_q=64/heads_kv=64/"
-        "head_dim=128/dtype=bfloat16/pass=fwd/batch=1": "b5c8689e2e325573",
+        "head_dim=128/dtype=bfloat16/pass=fwd/batch=1": "0ece47a5bed7af3a",
     },
     "h200-cp.yaml": {
         "cp_goal/kernel=sdpa_cudnn/mask=full/mask_variant=default/seqlen_q=65536/heads_q=64/heads_kv=8/head_dim=128/"
@@ -163,8 +164,8 @@ KNOWN_DIGESTS = {
 }
 
 
-# sweeps whose spec sets the optional repeat keys itself
-SETS_OPTIONAL_REPEAT = {("h200.yaml", "dense")}
+# specs that set the optional repeat keys themselves
+SETS_OPTIONAL_REPEAT = {"h200.yaml"}
 
 
 def test_shipped_specs_keep_their_cell_digests():
@@ -173,28 +174,36 @@ def test_shipped_specs_keep_their_cell_digests():
         for key, digest in known.items():
             assert key in cells, f"{name}: no cell {key}"
             assert cells[key].digest == digest, f"{name}: {key} changed digest"
-            if (name, cells[key].sweep) not in SETS_OPTIONAL_REPEAT:
+            if name not in SETS_OPTIONAL_REPEAT:
                 for optional in ("warmup_s", "backward"):  # an optional key is never defaulted in
                     assert optional not in dict(cells[key].repeat)
 
 
-def test_h200_dense_sweep_runs_under_the_sweep_efficiency_protocol():
-    dense = [c for c in expand(load_spec(ROOT / "specs" / "h200.yaml")) if c.sweep == "dense"]
-    assert {tuple(sorted(c.repeat)) for c in dense} == {
+def test_h200_runs_every_sweep_under_one_protocol():
+    cells = expand(load_spec(ROOT / "specs" / "h200.yaml"))
+    assert {c.repeat for c in cells} == {
         tuple(
             sorted(
                 {
                     "warmup": 3,
                     "warmup_s": 0.05,
                     "iters": 1000,
-                    "min_iters": 10,
+                    "min_iters": 3,
                     "budget_s": 2.0,
+                    "ci_target": 0.01,
                     "l2_flush": True,
                     "backward": "retained_graph",
+                    "graph": True,
+                    "graph_below_ms": 20,
                 }.items()
             )
         )
     }
+    # three draws of every sampled mask at every length, the same for every kernel
+    sampled = [c for c in cells if c.mask in ("causal_document", "block_sparse", "prefix_lm_causal")]
+    assert sampled and {c.samples for c in sampled} == {3}
+    # full-length agreement only where the check runs shorter than the cell
+    assert all(("agree_with" in c.check_dict) == (c.seqlen > 8192) for c in cells)
 
 
 @pytest.mark.parametrize("name", ["default.yaml", "h200.yaml", "h200-cp.yaml"])

@@ -16,7 +16,8 @@ NEW_IN_2 = ("check_s", "timer_wall_s", "warmup_s")
 NEW_IN_3 = ("cooldown_s",)
 NEW_IN_4 = ("ci_low_ms", "ci_high_ms", "ci_target", "ci_met")
 NEW_IN_5 = ("clock_window_mhz", "clock_window_min_mhz", "throttle_window", "graph_median_ms", "graph_reason")
-ADDED = {2: NEW_IN_2, 3: NEW_IN_3, 4: NEW_IN_4, 5: NEW_IN_5}  # columns each schema version added
+NEW_IN_6 = ("agree_kernel", "agree_rel_diff", "agree_reason")
+ADDED = {2: NEW_IN_2, 3: NEW_IN_3, 4: NEW_IN_4, 5: NEW_IN_5, 6: NEW_IN_6}  # columns each schema version added
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -61,11 +62,14 @@ def _write_old(path: Path, rows: list[dict], version: int) -> None:
 
 @pytest.fixture
 def mixed(tmp_path: Path) -> list[str]:
-    v1, v2, v3, v4, new = (tmp_path / "cells" / f"{n}.parquet" for n in ("v1", "v2", "v3", "v4", "new"))
+    v1, v2, v3, v4, v5, new = (tmp_path / "cells" / f"{n}.parquet" for n in ("v1", "v2", "v3", "v4", "v5", "new"))
     _write_old(v1, [_row("a")], 1)
     _write_old(v2, [_row("c", check_s=0.5, timer_wall_s=1.0, warmup_s=0.25)], 2)
     _write_old(v3, [_row("d", check_s=0.5, timer_wall_s=1.0, warmup_s=0.25, cooldown_s=1.0)], 3)
     _write_old(v4, [_row("e", cooldown_s=1.0, ci_low_ms=0.8, ci_high_ms=1.2, ci_target=0.02, ci_met=True)], 4)
+    _write_old(
+        v5, [_row("f", ci_low_ms=0.8, ci_high_ms=1.2, clock_window_mhz=1900, graph_reason="no CUDA graphs on cpu")], 5
+    )
     write_rows(
         new,
         [
@@ -84,10 +88,13 @@ def mixed(tmp_path: Path) -> list[str]:
                 throttle_window="0x4",
                 graph_median_ms=0.5,
                 graph_reason=None,
+                agree_kernel="fa4",
+                agree_rel_diff=0.004,
+                agree_reason=None,
             )
         ],
     )
-    return [str(v1), str(v2), str(v3), str(v4), str(new)]
+    return [str(v1), str(v2), str(v3), str(v4), str(v5), str(new)]
 
 
 def _by_cell(table: pa.Table) -> dict[str, dict]:
@@ -97,37 +104,58 @@ def _by_cell(table: pa.Table) -> dict[str, dict]:
 def test_aggregating_old_and_new_files_keeps_both(mixed: list[str], tmp_path: Path, union) -> None:
     assert all(damage(f) is None for f in mixed)  # an old file is sound, not damaged
     out = tmp_path / "all.parquet"
-    assert union(mixed, out) == 5
+    assert union(mixed, out) == 6
     rows = _by_cell(pq.read_table(out))
-    assert [rows[c]["schema_version"] for c in "acdeb"] == [1, 2, 3, 4, SCHEMA_VERSION]
-    assert SCHEMA_VERSION == 5
-    cols = NEW_IN_2 + NEW_IN_3 + NEW_IN_4 + NEW_IN_5
-    assert [rows["a"][c] for c in cols] == [None] * 13
-    assert [rows["c"][c] for c in cols] == [0.5, 1.0, 0.25] + [None] * 10
-    assert [rows["d"][c] for c in cols] == [0.5, 1.0, 0.25, 1.0] + [None] * 9
-    assert [rows["e"][c] for c in cols] == [None] * 3 + [1.0, 0.8, 1.2, 0.02, True] + [None] * 5
-    assert [rows["b"][c] for c in cols] == [0.25, 0.5, 0.125, 2.0, 0.9, 1.1, 0.01, False, 1980, 1755, "0x4", 0.5, None]
+    assert [rows[c]["schema_version"] for c in "acdefb"] == [1, 2, 3, 4, 5, SCHEMA_VERSION]
+    assert SCHEMA_VERSION == 6
+    cols = NEW_IN_2 + NEW_IN_3 + NEW_IN_4 + NEW_IN_5 + NEW_IN_6
+    assert [rows["a"][c] for c in cols] == [None] * 16
+    assert [rows["c"][c] for c in cols] == [0.5, 1.0, 0.25] + [None] * 13
+    assert [rows["d"][c] for c in cols] == [0.5, 1.0, 0.25, 1.0] + [None] * 12
+    assert [rows["e"][c] for c in cols] == [None] * 3 + [1.0, 0.8, 1.2, 0.02, True] + [None] * 8
+    assert [rows["f"][c] for c in cols] == [None] * 4 + [0.8, 1.2, None, None, 1900, None, None, None] + [
+        "no CUDA graphs on cpu"
+    ] + [None] * 3
+    assert [rows["b"][c] for c in cols] == [
+        0.25,
+        0.5,
+        0.125,
+        2.0,
+        0.9,
+        1.1,
+        0.01,
+        False,
+        1980,
+        1755,
+        "0x4",
+        0.5,
+        None,
+        "fa4",
+        0.004,
+        None,
+    ]
     assert pq.read_table(out).schema.equals(SCHEMA, check_metadata=False)  # the current schema, whatever came first
 
 
 def test_unpacking_a_mixed_aggregate_keeps_each_rows_version(mixed: list[str], tmp_path: Path) -> None:
     out = tmp_path / "all.parquet"
     aggregate(mixed, out)
-    assert unpack(out, tmp_path / "results") == (5, 0)
+    assert unpack(out, tmp_path / "results") == (6, 0)
     table, _ = read_rows([tmp_path / "results"])
     rows = _by_cell(table)
     assert (rows["a"]["schema_version"], rows["a"]["check_s"]) == (1, None)
     assert (rows["c"]["schema_version"], rows["c"]["check_s"], rows["c"]["cooldown_s"]) == (2, 0.5, None)
     assert (rows["d"]["schema_version"], rows["d"]["cooldown_s"], rows["d"]["ci_low_ms"]) == (3, 1.0, None)
     assert (rows["e"]["schema_version"], rows["e"]["ci_high_ms"], rows["e"]["clock_window_mhz"]) == (4, 1.2, None)
-    assert (rows["b"]["schema_version"], rows["b"]["ci_high_ms"], rows["b"]["clock_window_mhz"]) == (5, 1.1, 1980)
+    assert (rows["f"]["schema_version"], rows["f"]["clock_window_mhz"], rows["f"]["agree_kernel"]) == (5, 1900, None)
+    assert (rows["b"]["schema_version"], rows["b"]["ci_high_ms"], rows["b"]["agree_kernel"]) == (6, 1.1, "fa4")
 
 
 def test_report_loader_reads_old_and_new_files_together(mixed: list[str]) -> None:
     table, df = read_rows(mixed)
     assert table.schema == SCHEMA
-    assert df.sort("cell_id").get_column("timer_wall_s").to_list() == [None, 0.5, 1.0, 1.0, None]
-    assert df.sort("cell_id").get_column("cooldown_s").to_list() == [None, 2.0, None, 1.0, 1.0]
+    assert df.sort("cell_id").get_column("timer_wall_s").to_list() == [None, 0.5, 1.0, 1.0, None, None]
+    assert df.sort("cell_id").get_column("cooldown_s").to_list() == [None, 2.0, None, 1.0, 1.0, None]
 
 
 def test_committed_results_of_older_schemas_still_read(tmp_path: Path) -> None:

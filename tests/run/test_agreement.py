@@ -1,0 +1,108 @@
+"""Full-length agreement (check.agree_with): cells longer than the check length compare each draw's
+output with a second kernel's at their own length; a disagreement makes the row incorrect."""
+
+import pytest
+import torch
+
+from longca.measure.reference import relative_error
+from longca.run.cell import run_cell
+from longca.spec.cells import expand
+from longca.spec.load import SpecError, load_spec
+
+
+def spec(kernels, agree="[naive, sdpa_math]", seqlens="[64, 192]", masks="[full]", dtypes="[float32]"):
+    agree_line = f", agree_with: {agree}" if agree else ""
+    return load_spec(
+        text=f"""
+name: t
+device: cpu
+repeat: {{warmup: 1, iters: 3, min_iters: 1, budget_s: 0.2, l2_flush: false}}
+check: {{max_seqlen: 128{agree_line}}}
+mask_samples: {{multi_document: 2, single: 1}}
+kernels: {kernels}
+masks: {masks}
+seqlens: {seqlens}
+heads: ["2:1"]
+head_dims: [16]
+dtypes: {dtypes}
+passes: [fwd]
+sweeps: [{{name: s}}]
+"""
+    )
+
+
+def _cell(s, kernel, seqlen):
+    return next(c for c in expand(s) if c.kernel == kernel and c.seqlen == seqlen)
+
+
+def test_a_long_cell_is_compared_with_the_first_other_listed_kernel():
+    s = spec("[sdpa_math, naive]")
+    math_rows = run_cell(_cell(s, "sdpa_math", 192))
+    naive_rows = run_cell(_cell(s, "naive", 192))
+    assert [r["status"] for r in math_rows + naive_rows] == ["ok", "ok"]
+    assert math_rows[0]["agree_kernel"] == "naive"  # the first listed that is not itself
+    assert naive_rows[0]["agree_kernel"] == "sdpa_math"
+    for r in math_rows + naive_rows:
+        assert 0 <= r["agree_rel_diff"] < 1e-5
+        assert r["check_seqlen"] == 128
+
+
+def test_cells_within_the_check_length_carry_no_agreement_and_keep_their_digest():
+    with_agree = _cell(spec("[sdpa_math]"), "sdpa_math", 64)
+    without = _cell(spec("[sdpa_math]", agree=None), "sdpa_math", 64)
+    assert with_agree.digest == without.digest  # asking for agreement re-measures only long cells
+    assert (
+        _cell(spec("[sdpa_math]"), "sdpa_math", 192).digest
+        != _cell(spec("[sdpa_math]", agree=None), "sdpa_math", 192).digest
+    )
+    (row,) = run_cell(with_agree)
+    assert row["status"] == "ok" and row.get("agree_kernel") is None and row.get("agree_reason") is None
+
+
+def test_a_kernel_wrong_only_beyond_the_check_length_is_incorrect(plugin_env):
+    s = spec("[test_wrong_long]")
+    short, long_ = _cell(s, "test_wrong_long", 64), _cell(s, "test_wrong_long", 192)
+    assert run_cell(short)[0]["status"] == "ok"
+    (row,) = run_cell(long_)
+    assert row["status"] == "incorrect"
+    assert row["rel_err_out"] < 1e-5  # the check at 128 tokens passed: only agreement saw it
+    assert row["agree_kernel"] == "naive" and row["agree_rel_diff"] == pytest.approx(0.05, rel=1e-3)
+    assert "disagrees with naive at the full length S=192" in row["reason"]
+    assert row.get("median_ms") is None and row.get("tflops") is None  # a wrong result is never a speed
+    # without agreement the same cell passes: what the check alone misses
+    (unchecked,) = run_cell(_cell(spec("[test_wrong_long]", agree=None), "test_wrong_long", 192))
+    assert unchecked["status"] == "ok"
+
+
+def test_a_failing_comparator_is_passed_over_for_the_next(plugin_env):
+    (row,) = run_cell(_cell(spec("[sdpa_math]", agree="[test_raise, naive]"), "sdpa_math", 192))
+    assert row["status"] == "ok" and row["agree_kernel"] == "naive"
+
+
+def test_no_serving_comparator_leaves_the_reason(plugin_env):
+    (row,) = run_cell(_cell(spec("[sdpa_math]", agree="[test_raise]"), "sdpa_math", 192))
+    assert row["status"] == "ok" and row.get("agree_kernel") is None
+    assert "test_raise: RuntimeError: deliberate failure inside the kernel" in row["agree_reason"]
+    (row,) = run_cell(_cell(spec("[sdpa_math]", agree="[sdpa_math]"), "sdpa_math", 192))
+    assert row["agree_reason"] == "no second kernel serves this cell: none listed"
+    (row,) = run_cell(_cell(spec("[sdpa_math]", agree="[fa4]"), "sdpa_math", 192))
+    assert row["agree_reason"].startswith("no second kernel serves this cell: fa4: kernel runs on ['cuda']")
+
+
+def test_unknown_agreement_kernel_is_named_before_anything_runs():
+    with pytest.raises(SpecError) as e:
+        spec("[sdpa_math]", agree="[naive, fa5]")
+    assert "check.agree_with.1" in str(e.value) and "'fa5'" in str(e.value) and "allowed:" in str(e.value)
+
+
+def test_relative_error_in_slices_equals_the_whole():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 100, 3, 8, generator=g, dtype=torch.float64)
+    ref = x + 1e-3 * torch.randn(2, 100, 3, 8, generator=g, dtype=torch.float64)
+    whole = (torch.linalg.vector_norm(x - ref) / torch.linalg.vector_norm(ref)).item()
+    for chunk in (1, 24, 1000, 1 << 24):
+        assert relative_error(x, ref, chunk_elems=chunk) == pytest.approx(whole, rel=1e-12)
+    x[1, 99, 2, 7] = float("nan")
+    assert relative_error(x, ref, chunk_elems=24) == float("inf")
+    with pytest.raises(ValueError, match="shapes differ"):
+        relative_error(x, ref[:, :50])
