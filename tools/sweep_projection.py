@@ -16,8 +16,9 @@ cell's committed samples, in their order: batches as large as the samples so far
 95% interval is within the target, `iters` calls or `budget_s`; past the committed samples the
 interval's half-width is taken to shrink as 1/sqrt(n). Per row it adds the warm-up (`warmup_s` of
 calls), the L2 flush per call, the graph replays of forward cells (`repeat.graph`, as many calls
-again, below `graph_below_ms`), the full-length agreement of cells beyond the check length (`check.agree_with`: the cell's
-own forward and a comparator's, at the cell's forward time) and a per-row overhead; per cell its
+again, below `graph_below_ms`), the full-length agreement of cells beyond the check length
+(`check.agree_with`: the cell's own forward and a comparator's, at the cell's forward time) and a
+per-row overhead; per cell its
 committed check and compile seconds; per sweep a fixed start-up. A row per mask draw of the spec.
 Cells the spec marks unsupported cost nothing; failed cells their committed wall (a timeout its
 limit); cells never measured the median projection of measured cells of the same sweep, length and

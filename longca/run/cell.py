@@ -529,7 +529,8 @@ def graph_columns(cell: Cell, rep: dict, timer, call, device: torch.device, eage
     limit = rep.get("graph_below_ms")
     if limit is not None and eager_ms is not None and eager_ms >= limit:
         return {
-            "graph_reason": f"eager median {eager_ms:.3g} ms >= repeat.graph_below_ms {limit:g}: launch time is negligible"
+            "graph_reason": f"eager median {eager_ms:.3g} ms >= repeat.graph_below_ms {limit:g}: "
+            "launch time is negligible"
         }
     with torch.no_grad():
         captured, reason = capture(call, device)
