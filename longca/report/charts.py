@@ -56,6 +56,9 @@ TOOLTIP = (
     "cp_balance",
     "cp_variant",
     "tflops",
+    "tflops_kernel",
+    "timing",
+    "graph_median_ms",
     "tflops_ci_low",
     "tflops_ci_high",
     "tflops_draw_low",
@@ -115,6 +118,8 @@ class ChartSpec:
 # columns a chart may encode besides its tooltip; anything else stays out of the page
 _DRAWN = {
     "series",
+    "tflops_kernel_draw_low",
+    "tflops_kernel_draw_high",
     "attn",
     "shape",
     "panel",
@@ -340,11 +345,14 @@ def mask_metric(
         return None
     df = _series(df, "kernel", ["pass", "shape"]).sort("series", "seqlen_q")
     title = "TFLOP/s (exact mask area)" if metric == "tflops" else "peak memory (GiB)"
-    y = alt.Y(f"{metric}:Q", title=title)
+    throughput = metric == "tflops"
+    # TFLOP/s are drawn at kernel time by default (graph replay where captured), eager one click away
+    y = alt.Y(f"{SHOWN if throughput else metric}:Q", title=title)
     plain = df.get_column("series").equals(df.get_column("kernel"))  # one machine: series are kernel names
     scale = kernel_scale(kernels) if kernels and plain else None
-    layers = [("measured", df, _lines(_length_x(df), y, scale=scale))]
-    spread = df.filter(pl.col("tflops_draw_high") > pl.col("tflops_draw_low")) if metric == "tflops" else df.clear()
+    shown = _shown_time if throughput else (lambda make: make)
+    layers = [("measured", df, shown(_lines(_length_x(df), y, scale=scale)))]
+    spread = df.filter(pl.col("tflops_draw_high") > pl.col("tflops_draw_low")) if throughput else df.clear()
     if spread.height:
         # the median over mask draws is the line; the band spans the draws (lowest to highest)
         x = _length_x(df)
@@ -352,13 +360,13 @@ def mask_metric(
         def band(base: alt.Chart) -> alt.Chart:
             return base.mark_area(opacity=0.15, tooltip=TOOLTIP_ALL).encode(
                 x=x,
-                y=alt.Y("tflops_draw_low:Q", title=title),
-                y2="tflops_draw_high:Q",
+                y=alt.Y(f"{SHOWN}_draw_low:Q", title=title),
+                y2=f"{SHOWN}_draw_high:Q",
                 color=alt.Color("series:N", title=None, scale=scale or alt.Undefined, legend=None),
                 detail="series:N",
             )
 
-        layers.insert(0, ("draws", df.filter(pl.col("tflops_draw_high").is_not_null()), band))
+        layers.insert(0, ("draws", df.filter(pl.col("tflops_draw_high").is_not_null()), _shown_time(band)))
     if metric == "tflops" and not peers.is_empty():
         panels = df.select("mask", "pass", "attn", "shape", "head_dim", "dtype").unique()
         shown = (
@@ -377,6 +385,8 @@ def mask_metric(
         )
         layers += _peer_layers(shown, "sequence length (tokens)")
     chart, values = _layered_facet(layers, row="shape", column="pass", row_order=shape_order(df))
+    if throughput:
+        chart = chart.add_params(TIME_PARAM)
     what = "throughput" if metric == "tflops" else "memory"
     peer_note = (
         " Grey diamonds and boxes: published figures of other projects at a matching shape (hover for the source)."
@@ -393,9 +403,44 @@ def mask_metric(
         caption=f"{title} of every ok cell on mask {mask}; columns: pass, rows: shape (attention type, heads "
         "q:kv, head dim, dtype). Click a legend entry to pick kernels (shift-click for several)."
         + (" Lines: the median over mask draws; shaded: the lowest to the highest draw." if spread.height else "")
+        + (TIME_NOTE if throughput else "")
         + peer_note,
         query=f"status ok, world_size 1, kernel_family softmax, mask {mask}",
     )
+
+
+# Which time a throughput chart draws: the kernel's (a forward call replayed from a CUDA graph, no
+# host launch time, where it was captured: the row's `timing`) by default, the eager call's one click
+# away. Both are in every point's tooltip.
+SHOWN = "tflops_shown"
+TIME_PARAM = alt.param(
+    name="time",
+    value="kernel",
+    bind=alt.binding_radio(options=["kernel", "eager"], labels=["kernel time", "eager time"], name="time: "),
+)
+TIME_NOTE = (
+    " TFLOP/s at kernel time by default: forward cells replayed from a CUDA graph where their call could be"
+    " captured (no host launch time; the tooltip's timing says which), eager time elsewhere; the buttons"
+    " above switch every panel to eager time."
+)
+
+
+def _shown_time(make: Callable[[alt.Chart], alt.Chart]) -> Callable[[alt.Chart], alt.Chart]:
+    """A layer that draws `tflops_shown*`: the kernel-time or eager columns, as the `time` buttons say."""
+    pick = "time == 'kernel'"
+
+    def shown(base: alt.Chart) -> alt.Chart:
+        return make(
+            base.transform_calculate(
+                **{
+                    SHOWN: f"{pick} ? datum.tflops_kernel : datum.tflops",
+                    f"{SHOWN}_draw_low": f"{pick} ? datum.tflops_kernel_draw_low : datum.tflops_draw_low",
+                    f"{SHOWN}_draw_high": f"{pick} ? datum.tflops_kernel_draw_high : datum.tflops_draw_high",
+                }
+            )
+        )
+
+    return shown
 
 
 # Kernels keep one colour on every chart that takes `kernel_scale` (the report passes every kernel of

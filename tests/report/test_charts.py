@@ -269,3 +269,49 @@ def test_mask_chart_draws_the_spread_over_mask_draws_as_a_band() -> None:
     # one draw per cell: no band
     one = queries.mask_cells(queries.cells(pl.from_arrow(to_table([r for r in rows if r["mask_sample"] == 0]))))
     assert _layer(charts.mask_metric("causal_document", one, "tflops", pl.DataFrame()).spec(), "draws") == []
+
+
+def _find(spec, key: str) -> list:
+    """Every value under `key` anywhere in a Vega-Lite spec."""
+    found = []
+    if isinstance(spec, dict):
+        for k, v in spec.items():
+            if k == key:
+                found.append(v)
+            found += _find(v, key)
+    elif isinstance(spec, list):
+        for v in spec:
+            found += _find(v, key)
+    return found
+
+
+def test_throughput_is_drawn_at_kernel_time_with_eager_one_click_away() -> None:
+    from longca.store.schema import to_table
+
+    def row(kernel: str, s: int, graph: float | None) -> dict:
+        return dict(
+            kernel=kernel, mask="causal", seqlen_q=s, seqlen_k=s, batch=1, heads_q=8, heads_kv=8, head_dim=64,
+            dtype="bfloat16", status="ok", tflops=100.0, median_ms=2.0, graph_median_ms=graph,
+            device_name="d", host="h", device="cuda", cell_id=f"{kernel}/{s}", world_size=1, mask_sample=0,
+            **{"pass": "fwd"},
+        )  # fmt: skip
+
+    rows = [row("captured", s, 1.6) for s in (1024, 2048)] + [row("eager_only", s, None) for s in (1024, 2048)]
+    c = queries.mask_cells(queries.cells(pl.from_arrow(to_table(rows))))
+    by_kernel = {r["kernel"]: r for r in c.to_dicts()}
+    # 2.0 ms eager, 1.6 ms replayed: the launch time left out gives 25% more TFLOP/s
+    assert by_kernel["captured"]["tflops_kernel"] == pytest.approx(125.0)
+    assert by_kernel["captured"]["timing"] == "graph replay"
+    assert (by_kernel["eager_only"]["tflops_kernel"], by_kernel["eager_only"]["timing"]) == (100.0, "eager")
+    ch = charts.mask_metric("causal", c, "tflops", pl.DataFrame())
+    spec = ch.spec()
+    (param,) = [p for p in spec["params"] if p["name"] == "time"]
+    assert param["value"] == "kernel" and param["bind"]["options"] == ["kernel", "eager"]
+    assert {y["field"] for y in _find(spec, "y") if isinstance(y, dict) and "field" in y} == {"tflops_shown"}
+    calc = {t["as"]: t["calculate"] for ts in _find(spec, "transform") for t in ts if "calculate" in t}
+    assert calc["tflops_shown"] == "time == 'kernel' ? datum.tflops_kernel : datum.tflops"
+    assert "kernel time by default" in ch.caption
+    assert validate_jsonschema(spec, load_schema(), raise_error=False) is None
+    # memory charts have nothing to switch
+    memory = charts.mask_metric("causal", c.with_columns(peak_mem_gib=pl.lit(1.0)), "peak_mem_gib", pl.DataFrame())
+    assert all(p["name"] != "time" for p in memory.spec().get("params", []))
