@@ -1,8 +1,10 @@
 """Check longca's CUDA timer against a bare `triton.testing.do_bench` loop on the same calls.
 
-For FA4 (when importable) and cuDNN SDPA, full and causal, at 32K tokens, GQA 64:8 and MHA
-32:32, D=128, bf16, forward: longca's CudaTimer median vs do_bench's median, in one process.
-Writes a JSON list to OUT and prints a table; the goal is agreement within 3%. With --rounds N
+For the chosen kernels (default FA4 and cuDNN SDPA), full and causal, GQA 64:8 and MHA 32:32,
+D=128, bf16, at the chosen lengths (default 32K) and passes (default forward; a backward is timed
+on one forward's retained graph, gradients cleared before each call, as the sweeps time it):
+longca's CudaTimer median vs do_bench's median, in one process. Writes a JSON list, or a Parquet
+table when OUT ends in .parquet, and prints each case; the goal is agreement within 2%. With --rounds N
 each case is measured N times, alternating the two timers, so the spread between rounds (how far
 one run of either timer moves) is known beside their ratio; the row's ratio is the median of the
 rounds' ratios.
@@ -21,6 +23,8 @@ at 50 ms, then 10-1000 calls in 2 s), and the matched do_bench gets the warm-up 
 protocol actually made.
 
     python benchmarks/timer_fidelity.py OUT.json [--rounds 3] [--spec specs/h200.yaml --sweep dense]
+    python benchmarks/timer_fidelity.py results/h200/fidelity/DATE-COMMIT-fidelity.parquet --rounds 3 \
+        --spec specs/h200.yaml --sweep dense --kernels sdpa_cudnn,fa4,flex --seqlens 1K,4K,32K --passes fwd,bwd
 """
 
 from __future__ import annotations
@@ -33,11 +37,14 @@ import statistics
 import torch
 import triton.testing
 
+from longca.kernels.base import choose_form
 from longca.kernels.registry import get
+from longca.masks.forms import forms_of
 from longca.masks.registry import build_mask
 from longca.measure.env import gpu_clock_state
 from longca.measure.flops import attention_flops
-from longca.measure.timer import CudaTimer, time_under
+from longca.measure.timer import time_under, timer_for
+from longca.spec.load import parse_seqlen
 
 # the protocol of calls 1, 16 and 29: 5 warm-up and exactly 20 timed calls
 FIXED = {"warmup": 5, "iters": 20, "min_iters": 20, "budget_s": 60.0, "l2_flush": True}
@@ -73,98 +80,146 @@ def fidelity_kernels(names: str) -> tuple[str, ...]:
     return picked
 
 
+def measure_case(
+    kernel_name: str,
+    mask_name: str,
+    heads: tuple[int, int],
+    s: int,
+    pass_: str,
+    rep: dict,
+    rounds: int,
+    timer,
+    bench,
+    device: torch.device,
+    dtype: torch.dtype = torch.bfloat16,
+) -> dict:
+    """One case: longca's timer under `rep` and `bench(fn, warmup_ms, rep_ms, grad_to_none)` (do_bench's
+    median; its defaults when the two ms are None), alternating, `rounds` times."""
+    kernel = get(kernel_name)
+    hq, hkv = heads
+    mask = build_mask(mask_name, s)
+    grad = pass_ == "bwd"
+    prep = kernel.prepare(
+        mask, batch=1, heads_q=hq, heads_kv=hkv, head_dim=128, dtype=dtype, device=device,
+        form=choose_form(kernel.caps, forms_of(mask_name)),
+        **({"grad": grad} if hasattr(kernel, "grad_changes_form") else {}),
+    )  # fmt: skip
+    shape = (1, s, hq, 128) if prep.layout == "bshd" else (1, hq, s, 128)
+    shape_kv = (1, s, hkv, 128) if prep.layout == "bshd" else (1, hkv, s, 128)
+    q = torch.randn(shape, device=device, dtype=dtype, requires_grad=grad)
+    k = torch.randn(shape_kv, device=device, dtype=dtype, requires_grad=grad)
+    v = torch.randn(shape_kv, device=device, dtype=dtype, requires_grad=grad)
+    before = None
+    if grad:  # the sweeps' retained-graph backward: one forward, then every call a backward on it
+        out = prep.call(q, k, v)
+        do = torch.randn_like(out)
+        fn = lambda: out.backward(do, retain_graph=True)  # noqa: E731
+
+        def before():
+            for x in (q, k, v):
+                x.grad = None
+    else:
+        fn = lambda: prep.call(q, k, v)  # noqa: E731
+    timings, theirs, matched = [], [], []
+    clocks: dict[str, list] = {"longca": [], "do_bench": [], "matched": []}
+    grads = [q, k, v] if grad else None
+    with torch.enable_grad() if grad else torch.no_grad():
+        for _ in range(rounds):
+            timings.append(time_under(timer, fn, rep, before))  # as a cell of the sweep is timed
+            clocks["longca"].append(gpu_clock_state().get("clock_mhz"))
+            theirs.append(bench(fn, None, None, grads))
+            clocks["do_bench"].append(gpu_clock_state().get("clock_mhz"))
+            # do_bench for as long as longca's own warm-up and timed calls took
+            done = timings[-1]
+            matched.append(bench(fn, done.warmup_iters * done.median_ms, done.timed_iters * done.median_ms, grads))
+            clocks["matched"].append(gpu_clock_state().get("clock_mhz"))
+    mine = [t.median_ms for t in timings]
+    ratios = [a / b for a, b in zip(mine, theirs)]
+    matched_ratios = [a / b for a, b in zip(mine, matched)]
+    ours, bench_ms = statistics.median(mine), statistics.median(theirs)
+    flops = attention_flops(mask.area, hq, 128, pass_)
+    return {
+        "kernel": kernel_name,
+        "mask": mask_name,
+        "heads": f"{hq}:{hkv}",
+        "seqlen": s,
+        "pass": pass_,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
+        "longca_median_ms": ours,
+        "do_bench_median_ms": bench_ms,
+        "ratio": statistics.median(ratios),
+        "ratios": ratios,
+        "longca_ms": mine,
+        "do_bench_ms": theirs,
+        "matched_ratio": statistics.median(matched_ratios),
+        "matched_ratios": matched_ratios,
+        "matched_do_bench_ms": matched,
+        "longca_clock_mhz": clocks["longca"],
+        "do_bench_clock_mhz": clocks["do_bench"],
+        "matched_clock_mhz": clocks["matched"],
+        "longca_tflops": flops / ours / 1e9,
+        "do_bench_tflops": flops / bench_ms / 1e9,
+        "timed_iters": [t.timed_iters for t in timings],
+        "warmup_iters": [t.warmup_iters for t in timings],
+        "protocol": rep,
+    }
+
+
+def do_bench(fn, warmup_ms: float | None, rep_ms: float | None, grad_to_none) -> float:
+    """triton.testing.do_bench's median: its defaults (100 ms warm-up, 500 ms timed) or the given ms."""
+    kw = {} if warmup_ms is None else {"warmup": warmup_ms, "rep": rep_ms}
+    return triton.testing.do_bench(fn, grad_to_none=grad_to_none, return_mode="median", **kw)
+
+
+def fidelity_passes(names: str) -> tuple[str, ...]:
+    """The comma-separated passes of --passes (fwd, bwd; an error names the allowed ones)."""
+    picked = tuple(n.strip() for n in names.split(",") if n.strip())
+    if not picked or any(p not in ("fwd", "bwd") for p in picked):
+        raise SystemExit(f"--passes {names!r}: allowed: fwd, bwd")
+    return picked
+
+
 def main(
-    out: str, rounds: int = 1, protocol: dict | None = None, kernels: tuple[str, ...] = ("sdpa_cudnn", "fa4")
-) -> None:
+    out: str,
+    rounds: int = 1,
+    protocol: dict | None = None,
+    kernels: tuple[str, ...] = ("sdpa_cudnn", "fa4"),
+    seqlens: tuple[int, ...] = (32768,),
+    passes: tuple[str, ...] = ("fwd",),
+    device: torch.device | None = None,
+    bench=do_bench,
+) -> list[dict]:
     rep = dict(FIXED if protocol is None else protocol)
-    dev = torch.device("cuda")
-    timer = CudaTimer(dev, l2_flush=bool(rep.get("l2_flush", True)))
+    dev = device or torch.device("cuda")
+    timer = timer_for(dev, l2_flush=bool(rep.get("l2_flush", True)))
     rows = []
     for kname in kernels:  # registered names (fidelity_kernels checks --kernels)
-        kernel = get(kname)
-        for mask_name in ("full", "causal"):
-            for hq, hkv in ((64, 8), (32, 32)):
-                s = 32768
-                mask = build_mask(mask_name, s)
-                try:
-                    prep = kernel.prepare(
-                        mask,
-                        batch=1,
-                        heads_q=hq,
-                        heads_kv=hkv,
-                        head_dim=128,
-                        dtype=torch.bfloat16,
-                        device=dev,
-                        form=mask_name,
-                    )
-                except Exception as exc:  # noqa: BLE001
-                    rows.append({"kernel": kname, "mask": mask_name, "error": str(exc)[:200]})
-                    continue
-                shape = (1, s, hq, 128) if prep.layout == "bshd" else (1, hq, s, 128)
-                shape_kv = (1, s, hkv, 128) if prep.layout == "bshd" else (1, hkv, s, 128)
-                q = torch.randn(shape, device=dev, dtype=torch.bfloat16)
-                k = torch.randn(shape_kv, device=dev, dtype=torch.bfloat16)
-                v = torch.randn(shape_kv, device=dev, dtype=torch.bfloat16)
-                fn = lambda: prep.call(q, k, v)  # noqa: E731
-                timings, theirs, matched = [], [], []
-                clocks: dict[str, list] = {"longca": [], "do_bench": [], "matched": []}
-                with torch.no_grad():
-                    for _ in range(rounds):
-                        timings.append(time_under(timer, fn, rep))  # as a cell of the sweep is timed
-                        clocks["longca"].append(gpu_clock_state().get("clock_mhz"))
-                        theirs.append(triton.testing.do_bench(fn, warmup=100, rep=500, return_mode="median"))
-                        clocks["do_bench"].append(gpu_clock_state().get("clock_mhz"))
-                        # do_bench for as long as longca's own warm-up and timed calls took
-                        done = timings[-1]
-                        matched.append(
-                            triton.testing.do_bench(
-                                fn,
-                                warmup=done.warmup_iters * done.median_ms,
-                                rep=done.timed_iters * done.median_ms,
-                                return_mode="median",
-                            )
-                        )
-                        clocks["matched"].append(gpu_clock_state().get("clock_mhz"))
-                mine = [t.median_ms for t in timings]
-                ratios = [a / b for a, b in zip(mine, theirs)]
-                matched_ratios = [a / b for a, b in zip(mine, matched)]
-                ours, bench = statistics.median(mine), statistics.median(theirs)
-                flops = attention_flops(mask.area, hq, 128, "fwd")
-                rows.append(
-                    {
-                        "kernel": kname,
-                        "mask": mask_name,
-                        "heads": f"{hq}:{hkv}",
-                        "seqlen": s,
-                        "device": torch.cuda.get_device_name(dev),
-                        "longca_median_ms": ours,
-                        "do_bench_median_ms": bench,
-                        "ratio": statistics.median(ratios),
-                        "ratios": ratios,
-                        "longca_ms": mine,
-                        "do_bench_ms": theirs,
-                        "matched_ratio": statistics.median(matched_ratios),
-                        "matched_ratios": matched_ratios,
-                        "matched_do_bench_ms": matched,
-                        "longca_clock_mhz": clocks["longca"],
-                        "do_bench_clock_mhz": clocks["do_bench"],
-                        "matched_clock_mhz": clocks["matched"],
-                        "longca_tflops": flops / ours / 1e9,
-                        "do_bench_tflops": flops / bench / 1e9,
-                        "timed_iters": [t.timed_iters for t in timings],
-                        "warmup_iters": [t.warmup_iters for t in timings],
-                        "protocol": rep,
-                    }
-                )
-                _save(rows, out)  # after every case: a call that runs out of time keeps the cases done
-                print(json.dumps(rows[-1]), flush=True)
-    _save(rows, out)
+        for s in seqlens:
+            for pass_ in passes:
+                for mask_name in ("full", "causal"):
+                    for heads in ((64, 8), (32, 32)):
+                        try:
+                            row = measure_case(kname, mask_name, heads, s, pass_, rep, rounds, timer, bench, dev)
+                        except Exception as exc:  # noqa: BLE001 - a case that cannot run keeps its reason
+                            row = {"kernel": kname, "mask": mask_name, "heads": f"{heads[0]}:{heads[1]}",
+                                   "seqlen": s, "pass": pass_, "error": f"{type(exc).__name__}: {exc}"[:300]}  # fmt: skip
+                        rows.append(row)
+                        _save(rows, out)  # after every case: a call that runs out of time keeps the cases done
+                        print(json.dumps(rows[-1]), flush=True)
+    return rows
 
 
 def _save(rows: list[dict], out: str) -> None:
+    """All cases so far, replacing OUT atomically: JSON, or Parquet (zstd) for a .parquet name."""
     tmp = f"{out}.tmp"
-    with open(tmp, "w") as fh:
-        json.dump(rows, fh, indent=1)
+    if out.endswith(".parquet"):
+        import polars as pl
+
+        frame = pl.DataFrame([{**r, "protocol": json.dumps(r.get("protocol"), sort_keys=True)} for r in rows])
+        frame.write_parquet(tmp, compression="zstd")
+    else:
+        with open(tmp, "w") as fh:
+            json.dump(rows, fh, indent=1)
     os.replace(tmp, out)
 
 
@@ -179,6 +234,8 @@ if __name__ == "__main__":
         default="sdpa_cudnn,fa4",
         help="comma-separated kernels to check (a call cut short continues with the rest)",
     )
+    ap.add_argument("--seqlens", default="32K", help="comma-separated lengths, e.g. 1K,4K,32K")
+    ap.add_argument("--passes", default="fwd", help="comma-separated passes: fwd, bwd")
     args = ap.parse_args()
     if (args.spec is None) != (args.sweep is None):
         ap.error("--spec and --sweep go together")
@@ -187,4 +244,6 @@ if __name__ == "__main__":
         args.rounds,
         sweep_protocol(args.spec, args.sweep) if args.spec else None,
         fidelity_kernels(args.kernels),
+        tuple(parse_seqlen(x.strip(), "--seqlens") for x in args.seqlens.split(",")),
+        fidelity_passes(args.passes),
     )

@@ -826,7 +826,7 @@ def build_report(
 
     `probe`: rows of protocol probes, shown only in the Status page's measurement-time tables (and
     offered as data/probes.parquet), never drawn: they re-measure cells under another protocol.
-    `fidelity_checks`: JSON files of benchmarks/timer_fidelity.py, tabled on the Status page.
+    `fidelity_checks`: JSON or Parquet files of benchmarks/timer_fidelity.py, tabled on the Status page.
     `cp_local_runs`: JSON files of benchmarks/cp_rank_local.py, tabled on the CP page.
     `ceiling_files`: JSON files of benchmarks/matmul_ceiling.py: the choose page's share of the
     measured matrix-product rate, and a table on the Environment page.

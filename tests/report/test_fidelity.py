@@ -66,7 +66,7 @@ def test_cases_become_rows_with_the_goal_judged_on_the_median_ratio(tmp_path: Pa
     assert swept["protocol"].startswith("warm-up cut at 50 ms") and swept["device"] == "NVIDIA H200"
     assert (failed["ratio"], failed["within_goal"], failed["error"]) == (None, None, "flash_attn.cute not installed")
     assert fidelity.summary(fidelity.load_checks([_checks(tmp_path)], {})).endswith(
-        "1 of 2 cases within 3% (ratios 0.9665-1.0000, median 0.9832)."
+        "1 of 2 cases within 2% (ratios 0.9665-1.0000, median 0.9832)."
     )
 
 
@@ -90,3 +90,26 @@ def test_the_status_page_lists_every_check_escaped_and_the_command_names_the_fil
 def test_a_missing_file_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         fidelity.load_checks([tmp_path / "none.json"])
+
+
+def test_a_parquet_table_of_forward_and_backward_cases_loads_beside_json(tmp_path: Path) -> None:
+    import polars as pl
+
+    path = tmp_path / "2026-12-04-abc-fidelity.parquet"
+    pl.DataFrame(
+        [
+            {"kernel": "fa4", "mask": "causal", "heads": "64:8", "seqlen": 1024, "pass": "bwd",
+             "longca_median_ms": 0.5, "do_bench_median_ms": 0.49, "ratio": 1.0204, "ratios": [1.0204],
+             "protocol": json.dumps(DENSE), "error": None},
+            {"kernel": "flex", "mask": "full", "heads": "32:32", "seqlen": 4096, "pass": "fwd",
+             "longca_median_ms": None, "do_bench_median_ms": None, "ratio": None, "ratios": None,
+             "protocol": None, "error": "RuntimeError: no GPU"},
+        ]
+    ).write_parquet(path)  # fmt: skip
+    rows = fidelity.load_checks([path, _checks(tmp_path)], {}).to_dicts()
+    assert [(r["kernel"], r["pass"], r["within_goal"]) for r in rows[:2]] == [
+        ("fa4", "bwd", "no"),
+        ("flex", "fwd", None),
+    ]
+    assert rows[0]["protocol"].startswith("warm-up cut at 50 ms") and rows[1]["error"] == "RuntimeError: no GPU"
+    assert {r["pass"] for r in rows[2:]} == {"fwd"}  # the earlier JSON checks timed forwards only

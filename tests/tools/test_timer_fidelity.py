@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,41 @@ def test_kernels_are_picked_by_name_and_typos_name_the_allowed_ones() -> None:
         tf.fidelity_kernels("fa5")
     with pytest.raises(SystemExit, match=r"unknown \(none given\)"):
         tf.fidelity_kernels(",")
+
+
+def test_forward_and_backward_cases_are_timed_and_saved_as_parquet(tmp_path: Path) -> None:
+    """The plumbing on the CPU, with a plain loop standing in for do_bench (which needs CUDA): each
+    case times what its pass says, a backward with gradients cleared before each call."""
+    import statistics
+    import time
+
+    import polars as pl
+    import torch
+
+    calls = {"bench": 0}
+
+    def bench(fn, warmup_ms, rep_ms, grad_to_none):
+        calls["bench"] += 1
+        times = []
+        for _ in range(3):
+            for x in grad_to_none or ():
+                x.grad = None
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times)
+
+    out = tmp_path / "cpu-fidelity.parquet"
+    rep = {"warmup": 1, "iters": 3, "min_iters": 3, "budget_s": 1.0, "l2_flush": False}
+    rows = tf.main(str(out), 1, rep, ("sdpa_math",), (16,), ("fwd", "bwd"), torch.device("cpu"), bench)
+    assert len(rows) == 8 and calls["bench"] == 16  # 2 masks x 2 head layouts x 2 passes; default + matched
+    assert all("error" not in r for r in rows), [r.get("error") for r in rows]
+    table = pl.read_parquet(out)
+    assert table.height == 8 and set(table["pass"]) == {"fwd", "bwd"}
+    assert (table["longca_median_ms"] > 0).all() and (table["timed_iters"].list.first() == 3).all()
+    assert json.loads(table["protocol"][0]) == rep
+
+
+def test_unknown_passes_are_named() -> None:
+    with pytest.raises(SystemExit, match="--passes 'fwd,bwdd': allowed: fwd, bwd"):
+        tf.fidelity_passes("fwd,bwdd")
