@@ -31,6 +31,7 @@ MASK_FORMS = (
     "blockmask",  # FlexAttention BlockMask + mask_mod built from the slices
     "slices",  # the slice array itself (kernels that take (q_range, k_range, kind) lists)
     "intervals",  # per query, its visible keys as a union of intervals [0,F0) U [F1,F2) U ... (cuDNN)
+    "document_intervals",  # packed documents (cu_seqlens), each query's intervals local to its document
     "block_sparse",  # block-level kept-block lists (per KV head)
 )
 
@@ -254,9 +255,24 @@ def rank_unsupported_reason(caps: Capabilities, *, device: str, dtype: str, bloc
     return None
 
 
+# most specific first: a kernel's native flag beats a generic mask
+FORM_PREFERENCE = (
+    "full",
+    "causal",
+    "window",
+    "varlen",
+    "document_intervals",
+    "block_sparse",
+    "slices",
+    "intervals",
+    "blockmask",
+    "dense",
+)
+
+
 def choose_form(caps: Capabilities, mask_forms: frozenset[str]) -> str:
     """The most specific form both sides share (a kernel's native flag beats a generic mask)."""
-    for form in ("full", "causal", "window", "varlen", "block_sparse", "slices", "intervals", "blockmask", "dense"):
+    for form in FORM_PREFERENCE:
         if form in caps.mask_forms and form in mask_forms:
             return form
     raise Unsupported(f"no common mask form: mask offers {sorted(mask_forms)}, kernel takes {sorted(caps.mask_forms)}")

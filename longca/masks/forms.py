@@ -14,6 +14,9 @@ against the dense mask (tests/masks/test_forms.py).
 - block_sparse: the BlockLayout (kept blocks per KV head)
 - intervals:    int32 (nfunc, S) endpoints per query: its visible keys are [0,F0) U [F1,F2) U ...
                 (nfunc odd; cuDNN's interval-mask attention), from the slices' per-row key intervals
+- document_intervals: (VarlenForm, endpoints): the documents as packed sequences and each query's
+                intervals relative to its own document's first token (cuDNN's THD path), for
+                masks whose every pair lies inside one document
 """
 
 from __future__ import annotations
@@ -126,14 +129,23 @@ def interval_form(mask: Mask) -> np.ndarray:
 
 
 def document_interval_form(mask: Mask) -> tuple[VarlenForm, np.ndarray]:
-    """A document mask as cuDNN's variable-length form: the documents' offsets and each query's
-    endpoints relative to its own document's first token (THD: one sample per document)."""
+    """A document-local mask as cuDNN's variable-length form: the documents' offsets and each
+    query's endpoints relative to its own document's first token (THD: one sample per document).
+    Refused (ValueError) where a pair crosses documents: packed sequences cannot see each other."""
     from longca.masks.flex import row_intervals
 
-    docs = varlen_form(mask)
-    start = np.repeat(docs.cu_seqlens[:-1], np.diff(docs.cu_seqlens))
+    if mask.documents is None or mask.slices is None:
+        raise ValueError(f"mask {mask.name!r} has no documents, so no document_intervals form")
+    cu = np.concatenate([[0], np.cumsum(mask.documents)]).astype(np.int64)
+    start = np.repeat(cu[:-1], np.diff(cu))
+    end = np.repeat(cu[1:], np.diff(cu))
     lo, hi = row_intervals(mask.slices, mask.seqlen_q)
-    return docs, interval_endpoints(lo - start, hi - start)
+    used = hi > lo
+    if ((lo < start) & used).any() or ((hi > end) & used).any():
+        raise ValueError(f"mask {mask.name!r} attends across documents: no document_intervals form")
+    causal = mask.name == "causal_document"  # what the offsets alone cannot say; the endpoints carry it
+    docs = VarlenForm(cu, causal, int(np.diff(cu).max()))
+    return docs, interval_endpoints(np.where(used, lo - start, 0), np.where(used, hi - start, 0))
 
 
 def convert(
@@ -155,6 +167,8 @@ def convert(
         return varlen_form(mask)
     if form == "intervals":
         return interval_form(mask)
+    if form == "document_intervals":
+        return document_interval_form(mask)
     if form == "blockmask":
         from longca.masks.flex import to_block_mask
 

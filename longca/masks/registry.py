@@ -225,11 +225,17 @@ register(
         description="k <= q",
     )
 )
+# masks whose every pair lies inside one document: each document is a sequence of its own
+DOCUMENT_LOCAL_FORMS = GENERIC_FORMS | {"document_intervals"}
 _doc_pattern(
-    "full_document", "regular", regular.full_document, "block diagonal over documents", GENERIC_FORMS | {"varlen"}
+    "full_document",
+    "regular",
+    regular.full_document,
+    "block diagonal over documents",
+    DOCUMENT_LOCAL_FORMS | {"varlen"},
 )
 _doc_pattern(
-    "causal_document", "regular", regular.causal_document, "same document and k <= q", GENERIC_FORMS | {"varlen"}
+    "causal_document", "regular", regular.causal_document, "same document and k <= q", DOCUMENT_LOCAL_FORMS | {"varlen"}
 )
 register(
     MaskPattern(
@@ -327,7 +333,7 @@ register(
         "prefix_lm_document",
         "heterogeneous",
         _prefix_lm_document,
-        GENERIC_FORMS,
+        DOCUMENT_LOCAL_FORMS,
         (
             *DOC_PARAMS,
             Param("prefix", int, None, "prefix p per document (default: drawn from U{1, len(doc 0)})", minimum=0),
@@ -360,7 +366,7 @@ register(
         "block_causal_document",
         "heterogeneous",
         _block_causal_document,
-        GENERIC_FORMS,
+        DOCUMENT_LOCAL_FORMS,
         (
             Param("block", int, 1024, "block size B in tokens (paper: 1024)", minimum=1),
             Param(

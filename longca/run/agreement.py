@@ -12,6 +12,11 @@ or fails at run time is passed over for the next; the reason is kept when none s
 
 A dtype no comparator takes (fp8) is compared in bfloat16 on the same values: e4m3 numbers are
 exact in bfloat16, so the comparator computes the same function on the same inputs.
+
+A context-parallel cell gathers every rank's inputs and output to rank 0, which compares the
+mechanism's output with a single-device kernel's on the whole sequence (the cell's own kernel
+included: on one device it checks the mechanism); every rank gets the verdict
+(longca.run.ranks).
 """
 
 from __future__ import annotations
@@ -51,14 +56,20 @@ def _comparator_cell(cell: Cell, name: str) -> Cell:
     return dataclasses.replace(cell, kernel=name, pass_=Pass.FWD.value, dtype=dtype)
 
 
-def candidates(cell: Cell, device: torch.device) -> tuple[list[Cell], list[str]]:
-    """The comparator cells that may serve `cell`, in the spec's order, and why the others cannot."""
+def single_device(cell: Cell) -> Cell:
+    """A CP cell as one device runs it: its comparators serve the whole sequence on rank 0."""
+    return dataclasses.replace(cell, world_size=1, cp_mechanism=None, cp_degrees=(), cp_balance=None, cp_backend=None)
+
+
+def candidates(cell: Cell, device: torch.device, exclude_self: bool = True) -> tuple[list[Cell], list[str]]:
+    """The comparator cells that may serve `cell`, in the spec's order, and why the others cannot.
+    `exclude_self=False` for a CP cell: its own kernel on one device checks the mechanism."""
     from longca.run.cell import planned_unsupported, runtime_unsupported
 
     family = registry.get(cell.kernel).caps.family
     usable, why = [], []
     for name in cell.check_dict.get("agree_with", []):
-        if name == cell.kernel:
+        if name == cell.kernel and exclude_self:
             continue
         if registry.get(name).caps.family != family:
             why.append(f"{name}: computes {registry.get(name).caps.family} attention, not {family}")
@@ -80,13 +91,14 @@ def compare(
     device: torch.device,
     to_layout: Callable[[torch.Tensor, str], torch.Tensor],
     to_bshd: Callable[[torch.Tensor, str], torch.Tensor],
+    exclude_self: bool = True,
 ) -> dict[str, Any]:
     """The agreement columns of one draw, and `incorrect` (the reason) where it disagrees.
 
     `inputs_bshd`: the draw's q, k, v viewed as (B, S, H, D); `own_output()`: the timed kernel's
     output on them as (B, S, Hq, D); `to_layout`/`to_bshd`: views between BSHD and a kernel's layout.
     """
-    usable, why = candidates(cell, device)
+    usable, why = candidates(cell, device, exclude_self)
     if not usable:
         return {"agree_reason": "no second kernel serves this cell: " + ("; ".join(why) or "none listed")}
     with torch.no_grad():

@@ -52,6 +52,7 @@ from longca.measure.clocks import ClockSampler, no_sampler
 from longca.measure.cooldown import cool_down
 from longca.measure.env import gpu_clock_state
 from longca.measure.timer import RETAINED_GRAPH, RankTimer, time_under, timer_for
+from longca.run.agreement import agreement_applies, compare, single_device
 from longca.run.check import check_columns, check_length, check_verdict
 from longca.run.rows import (
     base_row,
@@ -294,6 +295,9 @@ def measure(cell: Cell, rank: int, world: int, device: torch.device, kernel, sam
         torch.randn(b, h, n, cell.head_dim, generator=g, device=device, dtype=dt)
         for h in (cell.heads_q, cell.heads_kv, cell.heads_kv, cell.heads_q)
     )
+    agreement = _full_length_agreement(cell, rank, world, device, plan, sharding, mask, q, k, v)
+    if "incorrect" in agreement:  # a wrong result is never a speed: every rank ends the cell so
+        raise CellFailure(Status.INCORRECT, agreement["incorrect"])
     for x in (q, k, v):
         x.requires_grad_(need_grad)
     if cell.pass_ == Pass.BWD:  # backward timed on one saved forward's graph
@@ -356,7 +360,47 @@ def measure(cell: Cell, rank: int, world: int, device: torch.device, kernel, sam
         "rank_peak_mem_bytes": [r["peak"] for r in per_rank] if device.type == "cuda" else None,
         "peak_mem_bytes": max(r["peak"] for r in per_rank) if device.type == "cuda" else None,
         "comm_exposed_ms": timing.median_ms - _median(free_ms),
+        **agreement,
     }
+
+
+def _full_length_agreement(cell: Cell, rank: int, world: int, device: torch.device, plan, sharding, mask, q, k, v):
+    """With `check.agree_with` on a cell longer than its check: this draw's CP output and every rank's
+    inputs gathered to global tensors, compared on rank 0 with a single-device kernel's output on
+    them (longca.run.agreement); the columns (and an `incorrect` reason) reach every rank."""
+    if not agreement_applies(cell):
+        return {}
+    with torch.no_grad():
+        out = cp_attention(q, k, v, plan)
+        shards = []
+        for x in (q, k, v, out):
+            parts = [torch.empty_like(x) for _ in range(world)]
+            dist.all_gather(parts, x.contiguous())
+            shards.append(parts)
+    result: dict[str, Any] | None = None
+    if rank == 0:
+        whole = []
+        for parts in shards:  # (B, H, local, D) per rank -> (B, H, S, D) at the sharding's positions
+            g = parts[0].new_empty(*parts[0].shape[:2], cell.seqlen, parts[0].shape[3])
+            for r, part in enumerate(parts):
+                g[:, :, torch.from_numpy(sharding.positions(r)).to(device)] = part
+            whole.append(g.transpose(1, 2))  # BSHD views
+        from longca.run.cell import _from_bshd, _to_bshd
+
+        result = compare(
+            single_device(cell),
+            mask,
+            (whole[0], whole[1], whole[2]),
+            lambda: whole[3],
+            device,
+            _from_bshd,
+            lambda x, layout: _to_bshd(x, layout, cell.batch),
+            exclude_self=False,
+        )
+    del shards
+    box = [result]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def _agreed(phase: str, fn, device: torch.device, *args: Any):

@@ -282,8 +282,7 @@ def expand(spec: Spec) -> list[Cell]:
                     seed=spec.seed,
                     samples=_samples(sw, mask),
                     repeat=repeat,
-                    # CP cells keep their check at its reduced length (no full-length comparison yet)
-                    check=checks[dtype, mech is None and seqlen > int(spec.check["max_seqlen"])],
+                    check=checks[dtype, seqlen > int(spec.check["max_seqlen"])],
                     timeout_s=sw.timeout_s,
                     world_size=world,
                     cp_mechanism=mech,

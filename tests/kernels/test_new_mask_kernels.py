@@ -56,14 +56,15 @@ def test_capabilities_are_declared_as_data():
     cudnn = registry.get("cudnn_flex").caps
     assert cudnn.mask_forms == frozenset({"intervals"}) and cudnn.package == "cudnn.flex_attention"
     varlen = registry.get("cudnn_flex_varlen").caps
-    assert varlen.masks == frozenset({"full_document", "causal_document"}) and varlen.mask_forms == {"varlen"}
+    assert varlen.masks is None and varlen.mask_forms == {"document_intervals"}
 
 
 def test_each_kernel_is_handed_its_own_form():
     for name in STATIC:
         assert choose_form(registry.get("cudnn_flex").caps, forms_of(name)) == "intervals"
         assert choose_form(registry.get("flex_fa4").caps, forms_of(name)) == "blockmask"
-    assert choose_form(registry.get("cudnn_flex_varlen").caps, forms_of("causal_document")) == "varlen"
+    for name in ("full_document", "causal_document", "prefix_lm_document", "block_causal_document"):
+        assert choose_form(registry.get("cudnn_flex_varlen").caps, forms_of(name)) == "document_intervals"
 
 
 def test_planning_marks_what_the_kernels_cannot_serve():
@@ -71,14 +72,17 @@ def test_planning_marks_what_the_kernels_cannot_serve():
         _spec(
             "cuda",
             ["cudnn_flex", "cudnn_flex_varlen", "flex_fa4"],
-            "[causal, causal_document, {name: block_sparse, block: 128}]",
+            "[causal, causal_document, prefix_lm_document, share_question, {name: block_sparse, block: 128}]",
         )
     )
     reasons = {(c.kernel, c.mask): planned_unsupported(c) for c in cells}
     assert reasons[("cudnn_flex", "causal")] is None and reasons[("cudnn_flex", "causal_document")] is None
     assert "offers forms" in reasons[("cudnn_flex", "block_sparse")]  # block lists have no interval form
     assert reasons[("cudnn_flex_varlen", "causal_document")] is None
-    assert "mask causal not supported" in reasons[("cudnn_flex_varlen", "causal")]
+    assert reasons[("cudnn_flex_varlen", "prefix_lm_document")] is None
+    # no documents, or documents that see each other (answers see the question): no packed form
+    assert "offers forms" in reasons[("cudnn_flex_varlen", "causal")]
+    assert "offers forms" in reasons[("cudnn_flex_varlen", "share_question")]
     assert reasons[("flex_fa4", "block_sparse")] is None  # a BlockMask from the kept blocks
 
 
@@ -121,14 +125,20 @@ def _ready(name: str) -> bool:
     return _installed(kernel.caps.package)
 
 
-@pytest.mark.parametrize("kernel", ["flex_fa4", "cudnn_flex"])
-@pytest.mark.parametrize("mask_name", STATIC)
+DOCUMENT_LOCAL = ["full_document", "causal_document", "prefix_lm_document", "block_causal_document"]
+
+
+@pytest.mark.parametrize(
+    "kernel, mask_name",
+    [(k, m) for k in ("flex_fa4", "cudnn_flex") for m in STATIC] + [("cudnn_flex_varlen", m) for m in DOCUMENT_LOCAL],
+)
 def test_every_static_mask_matches_the_reference_on_a_gpu(kernel, mask_name):
     if not _ready(kernel):
         pytest.skip(f"{kernel} needs CUDA (sm90+) and its package")
     torch.manual_seed(0)
     device, s, hq, hkv, d = torch.device("cuda"), 1024, 4, 2, 128
     params = {"window": 100} if "window" in {p.name for p in PATTERNS[mask_name].params} else {}
+    params |= {"block": 128} if mask_name == "block_causal_document" else {}  # several documents at 1K
     mask = build_mask(mask_name, s, params, seed=0)
     k_ = registry.get(kernel)
     form = choose_form(k_.caps, forms_of(mask_name))

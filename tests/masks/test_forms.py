@@ -66,6 +66,11 @@ def test_each_declared_form_reproduces_the_dense_mask(name):
             rebuilt = np.stack([to_dense(got.slices(h), S, S) for h in range(got.heads)])
         elif form == "intervals":
             rebuilt = dense_from_intervals(got, S)
+        elif form == "document_intervals":
+            docs, endpoints = got
+            local, rebuilt = dense_from_intervals(endpoints, S), np.zeros((S, S), bool)
+            for a, b in zip(docs.cu_seqlens[:-1], docs.cu_seqlens[1:]):  # each document's keys from its start
+                rebuilt[a:b, a:b] = local[a:b, : b - a]
         else:
             raise AssertionError(f"untested form {form}")
         assert (rebuilt == dense).all(), form
@@ -89,14 +94,38 @@ def test_interval_endpoints_merge_adjacent_intervals_and_pad_with_empty_ones():
     assert got.tolist() == [[6, 3, 0], [6, 6, 2], [6, 8, 5]]
 
 
-def test_documents_as_intervals_are_local_to_each_document():
-    m = build_mask("causal_document", 300, {"distribution": "uniform"}, seed=3)
-    docs, endpoints = forms.document_interval_form(m)
-    starts = np.repeat(docs.cu_seqlens[:-1], np.diff(docs.cu_seqlens))
-    local = dense_from_intervals(endpoints, 300)
-    for a, b in zip(docs.cu_seqlens[:-1], docs.cu_seqlens[1:]):  # each document: causal from its own start
-        assert (local[a:b, : b - a] == np.tril(np.ones((b - a, b - a), bool))).all()
-    assert (endpoints[0] == np.arange(300) - starts + 1).all()
+@pytest.mark.parametrize(
+    "name, params",
+    [
+        ("causal_document", {"distribution": "uniform"}),
+        ("full_document", {"distribution": "uniform"}),
+        ("prefix_lm_document", {"distribution": "uniform"}),
+        ("block_causal_document", {"block": 16}),
+    ],
+)
+def test_documents_as_intervals_are_local_to_each_document(name, params):
+    for sample in range(3):
+        m = build_mask(name, 300, params, seed=3, sample=sample)
+        docs, endpoints = forms.convert(m, "document_intervals")
+        assert docs.cu_seqlens[-1] == 300 and list(np.diff(docs.cu_seqlens)) == list(m.documents)
+        local = dense_from_intervals(endpoints, 300)  # keys counted from each query's document start
+        dense = m.dense()
+        for a, b in zip(docs.cu_seqlens[:-1], docs.cu_seqlens[1:]):  # each document is its own sequence
+            assert (local[a:b, : b - a] == dense[a:b, a:b]).all(), (name, sample)
+            assert not local[a:b, b - a :].any()
+        assert docs.max_seqlen == max(m.documents)
+    assert {n for n, p in PATTERNS.items() if "document_intervals" in p.forms} == {
+        "full_document",
+        "causal_document",
+        "prefix_lm_document",
+        "block_causal_document",
+    }
+
+
+def test_a_mask_that_attends_across_documents_has_no_document_form():
+    m = build_mask("share_question", 64)  # answers see the question: not one sequence per document
+    with pytest.raises(ValueError, match="attends across documents"):
+        forms.document_interval_form(m)
 
 
 def test_forms_a_mask_does_not_declare_are_refused():

@@ -43,6 +43,11 @@ CELLS = {
     # the spec's check applies: its reduced length, and one row per mask draw
     "short_check": cp_cell(seqlen=256, pass_="fwd", check={"max_seqlen": 128}),
     "draws": cp_cell(seqlen=256, pass_="fwd", mask="causal_document", cp_balance="document", samples=3),
+    # full-length agreement: the gathered CP output against one device's on the whole sequence
+    "agree": cp_cell(seqlen=256, pass_="bwd", check={"max_seqlen": 128, "agree_with": ["naive"]}),
+    "agree_wrong_long": cp_cell(
+        kernel="wrong_beyond_check", seqlen=256, pass_="fwd", check={"max_seqlen": 128, "agree_with": ["naive"]}
+    ),
 }
 
 
@@ -52,6 +57,27 @@ class _OffByOnePercent(Naive):
     def fwd(self, q, k, v, sub):
         out, lse = super().fwd(q, k, v, sub)
         return out * 1.01, lse
+
+
+class _WrongBeyondCheck(Naive):
+    """Right on the shards of the 128-token check, 5% off on longer ones: only agreement sees it."""
+
+    def fwd(self, q, k, v, sub):
+        out, lse = super().fwd(q, k, v, sub)
+        return (out * 1.05 if q.shape[2] > 64 else out), lse
+
+
+class _WrongBeyondCheckKernel:
+    name = "wrong_beyond_check"
+    layout = "bhsd"
+    description = "test: a per-rank kernel wrong beyond the check length"
+    caps = get("naive").caps
+
+    def rank_kernel(self):
+        return _WrongBeyondCheck()
+
+    def prepare(self, mask, **kw):  # on one device it is naive: the comparator's side is right
+        return get("naive").prepare(mask, **kw)
 
 
 class _OffByOnePercentKernel:
@@ -73,6 +99,7 @@ def _free_port() -> int:
 def _worker(rank: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)
     KERNELS.setdefault("off_by_one_percent", _OffByOnePercentKernel())
+    KERNELS.setdefault("wrong_beyond_check", _WrongBeyondCheckKernel())
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     for name, cell in CELLS.items():
         rows = ranks.run_cell(cell, rank, 2, torch.device("cpu"))
@@ -146,3 +173,13 @@ def test_cells_become_rows(tmp_path):
     areas = [2 * build_mask("causal_document", 256, {}, seed=0, sample=i).area for i in range(3)]
     assert [r["mask_area"] for r in draws] == areas and len(set(areas)) == 2  # each row measured its own draw
     assert all(r["mask_samples"] == 3 for r in draws)
+
+    # full-length agreement: the CP output gathered and compared with one device's
+    agree = rows["agree"]
+    assert agree["status"] == "ok" and agree["check_seqlen"] == 128
+    assert agree["agree_kernel"] == "naive" and agree["agree_rel_diff"] < 1e-6  # naive softmaxes in float32
+    assert short.get("agree_kernel") is None and short.get("agree_reason") is None  # not asked for
+    wrong_long = rows["agree_wrong_long"]
+    assert wrong_long["status"] == "incorrect" and wrong_long["rel_err_out"] < 1e-12  # the check passed
+    assert "disagrees with naive at the full length S=256" in wrong_long["reason"]
+    assert wrong_long.get("median_ms") is None

@@ -7,7 +7,8 @@ as mask build time, outside kernel time), then `flex_attn_func(q, k, v, mask_pla
 
 - `cudnn_flex`: fixed length, BSHD: q (B, S, Hq, D), k/v (B, S, Hkv, D) -> out (B, S, Hq, D); every
   static mask (block-sparse layouts have no interval form).
-- `cudnn_flex_varlen`: the document masks through the variable-length THD path: the batch's
+- `cudnn_flex_varlen`: the document-local masks (full, causal, prefix-LM and block-causal
+  documents: every pair inside one document) through the variable-length THD path: the batch's
   documents packed as one sequence (a free view of the BSHD input), endpoints relative to each
   document's first token, cu_seqlens over the documents.
 
@@ -103,14 +104,13 @@ class CudnnIntervalVarlen(CudnnInterval):
     name = "cudnn_flex_varlen"
     description = "cuDNN interval-mask attention (cudnn.flex_attention), variable-length THD over the documents"
     caps = Capabilities(
-        mask_forms=frozenset({"varlen"}),
+        mask_forms=frozenset({"document_intervals"}),
         dtypes=frozenset({"float16", "bfloat16"}),
         devices=frozenset({"cuda"}),
         gqa=True,
         backward=True,
         min_compute_capability=(9, 0),
         package=PACKAGE,
-        masks=frozenset({"full_document", "causal_document"}),
     )
 
     def prepare(
@@ -128,8 +128,8 @@ class CudnnIntervalVarlen(CudnnInterval):
     ) -> Prepared:
         from cudnn.flex_attention import flex_attn_func
 
-        if form != "varlen":
-            raise Unsupported(f"{self.name} takes the varlen form, not {form!r}")
+        if form != "document_intervals":
+            raise Unsupported(f"{self.name} takes the document_intervals form, not {form!r}")
         t0 = time.perf_counter()
         s = mask.seqlen_q
         docs, endpoints = document_interval_form(mask)
