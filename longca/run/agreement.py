@@ -28,8 +28,7 @@ from typing import Any
 import torch
 
 from longca.kernels import registry
-from longca.kernels.base import DTYPES, Unsupported, choose_form
-from longca.masks.forms import forms_of
+from longca.kernels.base import DTYPES, Unsupported
 from longca.masks.mask import Mask
 from longca.measure.reference import relative_error
 from longca.run.check import check_length, tolerance
@@ -98,6 +97,8 @@ def compare(
     `inputs_bshd`: the draw's q, k, v viewed as (B, S, H, D); `own_output()`: the timed kernel's
     output on them as (B, S, Hq, D); `to_layout`/`to_bshd`: views between BSHD and a kernel's layout.
     """
+    from longca.run.cell import prepare_for
+
     usable, why = candidates(cell, device, exclude_self)
     if not usable:
         return {"agree_reason": "no second kernel serves this cell: " + ("; ".join(why) or "none listed")}
@@ -107,17 +108,7 @@ def compare(
             kernel = registry.get(other.kernel)
             dtype = DTYPES[other.dtype]
             try:
-                prepared = kernel.prepare(
-                    mask,
-                    batch=cell.batch,
-                    heads_q=cell.heads_q,
-                    heads_kv=cell.heads_kv,
-                    head_dim=cell.head_dim,
-                    dtype=dtype,
-                    device=device,
-                    form=choose_form(kernel.caps, forms_of(cell.mask)),
-                    **({"grad": False} if hasattr(kernel, "grad_changes_form") else {}),
-                )
+                prepared, _ = prepare_for(other, kernel, mask, dtype, device, grad=False)
                 args = [to_layout(x.to(dtype), prepared.layout) for x in inputs_bshd]
                 theirs = to_bshd(prepared.call(*args), prepared.layout)
                 del args

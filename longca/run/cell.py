@@ -190,6 +190,28 @@ def _build(
 ROUNDED_REFERENCE_DTYPES = frozenset({"float8_e4m3fn"})
 
 
+def prepare_for(
+    cell: Cell, kernel: Any, mask: Mask, dtype: torch.dtype, device: torch.device, grad: bool | None
+) -> tuple[Any, str]:
+    """`kernel` ready for `mask` at the cell's shape, in the most specific form both take, and that
+    form. `grad` tells a kernel whose form depends on it (`grad_changes_form`: Flex at block 64 on
+    sm90, cuDNN's plan with its backward payload) whether gradients follow; None tells it nothing."""
+    form = choose_form(kernel.caps, forms_of(cell.mask))
+    told = {"grad": grad} if grad is not None and hasattr(kernel, "grad_changes_form") else {}
+    prepared = kernel.prepare(
+        mask,
+        batch=cell.batch,
+        heads_q=cell.heads_q,
+        heads_kv=cell.heads_kv,
+        head_dim=cell.head_dim,
+        dtype=dtype,
+        device=device,
+        form=form,
+        **told,
+    )
+    return prepared, form
+
+
 def checks_gradients(kernel: Any, cell: Cell, device: torch.device) -> bool:
     """Whether the check compares gradients too. On a GPU a forward cell's check does (one check with
     gradients serves the fwd, bwd and fwd_bwd cells of the same shape), but never in a dtype the
@@ -250,18 +272,7 @@ def check_correctness(cell: Cell, device: torch.device, caches: CellCaches | Non
     rounded = cell.dtype in ROUNDED_REFERENCE_DTYPES
     if rounded:
         q, k, v = (x.detach().to(dtype).to(ref_dtype).requires_grad_(True) for x in (q, k, v))
-    form = choose_form(kernel.caps, forms_of(cell.mask))
-    prepared = kernel.prepare(
-        mask,
-        batch=cell.batch,
-        heads_q=cell.heads_q,
-        heads_kv=cell.heads_kv,
-        head_dim=cell.head_dim,
-        dtype=dtype,
-        device=device,
-        form=form,
-        **({"grad": cell.pass_ != Pass.FWD} if split else {}),
-    )
+    prepared, _ = prepare_for(cell, kernel, mask, dtype, device, cell.pass_ != Pass.FWD if split else None)
     kq, kk, kv, kdo = (_from_bshd(x, prepared.layout).to(dtype).detach() for x in (q, k, v, do))
     for x in (kq, kk, kv):
         x.requires_grad_(grads)
@@ -350,19 +361,7 @@ def _measure_sample(
         inputs=(_to_bshd(q, kernel.layout, cell.batch).detach(), _to_bshd(k, kernel.layout, cell.batch).detach()),
         keep=True,
     )
-    form = choose_form(kernel.caps, forms_of(cell.mask))
-    # Kernels with a forward-only form get told whether gradients follow (see grad_changes_form).
-    prepared = kernel.prepare(
-        mask,
-        batch=cell.batch,
-        heads_q=cell.heads_q,
-        heads_kv=cell.heads_kv,
-        head_dim=cell.head_dim,
-        dtype=dtype,
-        device=device,
-        form=form,
-        **({"grad": need_grad} if hasattr(kernel, "grad_changes_form") else {}),
-    )
+    prepared, form = prepare_for(cell, kernel, mask, dtype, device, need_grad)
     agreement: dict[str, Any] = {}
     if agreement_applies(cell):  # before timing: its outputs are freed before the peak-memory count
         agreement = compare(
