@@ -32,6 +32,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         choices=["error", "timeout", "oom", "incorrect"],
         help="also rerun cells whose recorded status is this (repeatable), e.g. after a fix",
     )
+    p.add_argument(
+        "--sample",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run only N cells drawn at random (seeded by --sample-seed) from the selected cells that would "
+        "touch a device: a re-run check of a published set, into another --results folder",
+    )
+    p.add_argument("--sample-seed", type=int, default=0, help="seed of --sample's draw (default 0)")
     p.add_argument("outputs", nargs="*", help="cell output files to produce (as planned by the Snakefile)")
     p.set_defaults(func=_run)
 
@@ -57,6 +66,8 @@ def _run(args: argparse.Namespace) -> int:
     # time limit has recorded every cell the capabilities rule out (Snakemake runs them as separate jobs).
     jobs = sorted(jobs, key=lambda j: j.kind != "planned")
     keep = selector(args.only, args.sweep)
+    if args.sample is not None:
+        keep = _sampled(jobs, keep, args.sample, args.sample_seed)
     for job in jobs:
         pairs = [(c, o) for c, o in zip(job.cells, job.outputs) if keep(c)]
         if args.shard:
@@ -75,3 +86,15 @@ def _config_index(cell) -> int:
 
     key = "|".join(f"{k}={v}" for k, v in cell.partition if k != "pass")
     return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16)
+
+
+def _sampled(jobs, keep, n: int, seed: int):
+    """`keep` narrowed to n cells drawn at random (seeded) from the selected cells that would touch a
+    device (planned-unsupported ones are left out: they re-run nothing)."""
+    import random
+
+    if n < 1:
+        raise ValueError(f"--sample {n}: allowed: a positive number of cells")
+    pool = sorted(c.digest for j in jobs if j.kind != "planned" for c in j.cells if keep(c))
+    chosen = set(random.Random(seed).sample(pool, min(n, len(pool))))
+    return lambda cell: keep(cell) and cell.digest in chosen

@@ -18,6 +18,11 @@ at least 95% probability (Bonferroni over the two sides). Verdicts, with thresho
 
 A row compared with the very same measurement (same run, cell digest and samples) is `same` with
 ratio 1 and interval [1, 1].
+
+Whether a re-run reproduces a published set within its stated uncertainty: for every cell ok on
+both sides whose base row stores its 95% interval (`ci_low_ms`, `ci_high_ms`), `inside_base_ci`
+says whether the new median falls inside it; the summary counts them (a re-run of random published
+cells on a fresh machine: the share inside is what the published intervals are worth).
 """
 
 from __future__ import annotations
@@ -206,6 +211,9 @@ def compare(base: str | Path, new: str | Path, threshold: float = 0.03) -> Compa
             )
             r, lo, hi = (1.0, 1.0, 1.0) if identical else ratio_interval(base_samples, new_samples)
             rec.update(ratio=r, ratio_ci_low=lo, ratio_ci_high=hi, verdict=verdict(r, lo, hi, threshold))
+            ci_lo, ci_hi, med_new = row.get("ci_low_ms"), row.get("ci_high_ms"), row.get("median_ms_new")
+            if ci_lo is not None and ci_hi is not None and med_new is not None:
+                rec["inside_base_ci"] = bool(ci_lo <= med_new <= ci_hi)
         records.append(rec)
     records.sort(
         key=lambda r: (
@@ -232,6 +240,9 @@ def _summary(records: list[dict[str, Any]], threshold: float, base, new) -> dict
         "matched_on": list(MATCH_ON),
         "rows": len(records),
         "verdicts": counts(None),
+        # new medians inside the base's published 95% interval, of the cells where the base has one
+        "inside_base_ci": sum(1 for r in records if r.get("inside_base_ci")),
+        "with_base_ci": sum(1 for r in records if r.get("inside_base_ci") is not None),
         "by_kernel": counts("kernel"),
         "by_mask": counts("mask"),
     }
@@ -270,6 +281,11 @@ def summary_text(c: Comparison) -> str:
         f"{s['threshold']:.0%}; matched on {', '.join(s['matched_on'])}",
         "verdicts: " + ", ".join(f"{v} {s['verdicts'][v]}" for v in VERDICTS if v in s["verdicts"]),
     ]
+    if s["with_base_ci"]:
+        share = s["inside_base_ci"] / s["with_base_ci"]
+        lines.append(
+            f"new medians inside the base's 95% interval: {s['inside_base_ci']} of {s['with_base_ci']} ({share:.0%})"
+        )
     for r in [r for r in c.records if r["verdict"] in ("slower", "faster")][:10]:
         lines.append(
             f"  {r['verdict']:6} x{r['ratio']:.3f} [{r['ratio_ci_low']:.3f}, {r['ratio_ci_high']:.3f}]  {r['cell_id']}"

@@ -168,3 +168,28 @@ def test_run_writes_the_planned_unsupported_cells_before_any_device_work(tmp_pat
     assert main(["run", "--spec", str(spec), "--results", str(tmp_path / "r")]) == 0
     assert [all("kernel=varlen" in o for o in outs) for outs in calls] == [True, False]
     assert sum(len(o) for o in calls) == 4
+
+
+def test_sample_runs_n_random_device_cells_the_same_for_a_seed(tmp_path, monkeypatch):
+    import longca.run.chunk
+
+    spec = tmp_path / "order.yaml"
+    spec.write_text(
+        "name: order\ndevice: cpu\nheads: ['2:2']\nhead_dims: [16]\ndtypes: [float32]\n"
+        "passes: [fwd, bwd]\nsweeps:\n  - name: dense\n    kernels: [naive, varlen]\n    masks: [full]\n"
+        "    seqlens: [64, 128, 256]\n"
+    )
+    calls = []
+    monkeypatch.setattr(longca.run.chunk, "run_chunk", lambda spec, outputs, *a, **k: calls.extend(outputs) or 0)
+
+    def drawn(*extra: str) -> list[str]:
+        calls.clear()
+        assert main(["run", "--spec", str(spec), "--results", str(tmp_path / "r"), *extra]) == 0
+        return sorted(calls)
+
+    first = drawn("--sample", "4", "--sample-seed", "1")
+    assert len(first) == 4 and all("kernel=naive" in o for o in first)  # varlen's full cells are planned unsupported
+    assert drawn("--sample", "4", "--sample-seed", "1") == first  # the same draw for the same seed
+    assert len({tuple(drawn("--sample", "4", "--sample-seed", str(seed))) for seed in range(6)}) > 1  # seeds differ
+    assert len(drawn("--sample", "100")) == 6  # at most every device cell
+    assert all("seqlen_q=64/" in o for o in drawn("--sample", "2", "--only", "seqlen=64"))

@@ -222,3 +222,30 @@ def test_a_published_cell_made_10_percent_slower_is_the_one_slower_cell(tmp_path
     slower = [r for r in rows if r["verdict"] == "slower"]
     assert code == 1 and len(slower) == 1 and slower[0]["cell_id"] == published["cell_id"][victim].as_py()
     assert {r["verdict"] for r in rows} == {"same", "slower"}
+
+
+def test_a_rerun_counts_the_medians_inside_the_published_intervals(tmp_path, capsys):
+    """The re-run check: how many new medians land inside the base rows' stored 95% intervals."""
+    rows = [
+        dict(r, ci_low_ms=r["median_ms"] * 0.99, ci_high_ms=r["median_ms"] * 1.01) if r["samples_ms"] else r
+        for r in _base()
+    ]
+    base = _write(tmp_path, "base", rows)
+    rerun = [dict(r, run_id="r2") for r in rows]
+    for i in (0, 5):  # two cells 3% slower on the re-run: outside their +-1% intervals
+        rerun[i] = dict(
+            rerun[i], samples_ms=[x * 1.03 for x in rerun[i]["samples_ms"]], median_ms=rerun[i]["median_ms"] * 1.03
+        )
+    result = compare(base, _write(tmp_path, "new", rerun))
+    assert (result.summary["inside_base_ci"], result.summary["with_base_ci"]) == (6, 8)  # the oom cell has none
+    outside = sorted(
+        (r["kernel"], r["mask"], r["seqlen_q"]) for r in result.records if r.get("inside_base_ci") is False
+    )
+    assert outside == sorted((rows[i]["kernel"], rows[i]["mask"], rows[i]["seqlen_q"]) for i in (0, 5))
+    assert main(["compare", str(base), str(tmp_path / "new.parquet")]) == 0
+    assert "new medians inside the base's 95% interval: 6 of 8 (75%)" in capsys.readouterr().out
+    # a base without intervals (rows before schema 4) counts nothing
+    plain = compare(
+        _write(tmp_path, "plain", _base()), _write(tmp_path, "plain2", [dict(r, run_id="r2") for r in _base()])
+    )
+    assert plain.summary["with_base_ci"] == 0
