@@ -88,16 +88,14 @@ def compare(
     inputs_bshd: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     own_output: Callable[[], torch.Tensor],
     device: torch.device,
-    to_layout: Callable[[torch.Tensor, str], torch.Tensor],
-    to_bshd: Callable[[torch.Tensor, str], torch.Tensor],
     exclude_self: bool = True,
 ) -> dict[str, Any]:
     """The agreement columns of one draw, and `incorrect` (the reason) where it disagrees.
 
     `inputs_bshd`: the draw's q, k, v viewed as (B, S, H, D); `own_output()`: the timed kernel's
-    output on them as (B, S, Hq, D); `to_layout`/`to_bshd`: views between BSHD and a kernel's layout.
+    output on them as (B, S, Hq, D).
     """
-    from longca.run.cell import prepare_for
+    from longca.run.cell import _from_bshd, _to_bshd, prepare_for
 
     usable, why = candidates(cell, device, exclude_self)
     if not usable:
@@ -109,8 +107,8 @@ def compare(
             dtype = DTYPES[other.dtype]
             try:
                 prepared, _ = prepare_for(other, kernel, mask, dtype, device, grad=False)
-                args = [to_layout(x.to(dtype), prepared.layout) for x in inputs_bshd]
-                theirs = to_bshd(prepared.call(*args), prepared.layout)
+                args = [_from_bshd(x.to(dtype), prepared.layout) for x in inputs_bshd]
+                theirs = _to_bshd(prepared.call(*args), prepared.layout, cell.batch)
                 del args
             except (Unsupported, torch.OutOfMemoryError, RuntimeError, ValueError, TypeError) as exc:
                 if "CUDA error" in str(exc) or "illegal memory access" in str(exc):

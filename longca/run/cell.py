@@ -370,8 +370,6 @@ def _measure_sample(
             tuple(_to_bshd(x, kernel.layout, cell.batch) for x in (q, k, v)),
             lambda: _to_bshd(prepared.call(q, k, v), kernel.layout, cell.batch),
             device,
-            _from_bshd,
-            lambda x, layout: _to_bshd(x, layout, cell.batch),
         )
         if "incorrect" in agreement:  # a wrong result is never a speed
             failed = agreement.pop("incorrect")

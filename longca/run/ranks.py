@@ -385,17 +385,8 @@ def _full_length_agreement(cell: Cell, rank: int, world: int, device: torch.devi
             for r, part in enumerate(parts):
                 g[:, :, torch.from_numpy(sharding.positions(r)).to(device)] = part
             whole.append(g.transpose(1, 2))  # BSHD views
-        from longca.run.cell import _from_bshd, _to_bshd
-
         result = compare(
-            single_device(cell),
-            mask,
-            (whole[0], whole[1], whole[2]),
-            lambda: whole[3],
-            device,
-            _from_bshd,
-            lambda x, layout: _to_bshd(x, layout, cell.batch),
-            exclude_self=False,
+            single_device(cell), mask, (whole[0], whole[1], whole[2]), lambda: whole[3], device, exclude_self=False
         )
     del shards
     box = [result]
