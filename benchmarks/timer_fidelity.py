@@ -213,10 +213,11 @@ def _save(rows: list[dict], out: str) -> None:
     """All cases so far, replacing OUT atomically: JSON, or Parquet (zstd) for a .parquet name."""
     tmp = f"{out}.tmp"
     if out.endswith(".parquet"):
-        import polars as pl
+        import pyarrow as pa  # what the GPU host has (longca writes its cells with it); polars it lacks
+        import pyarrow.parquet as pq
 
-        frame = pl.DataFrame([{**r, "protocol": json.dumps(r.get("protocol"), sort_keys=True)} for r in rows])
-        frame.write_parquet(tmp, compression="zstd")
+        table = pa.Table.from_pylist([{**r, "protocol": json.dumps(r.get("protocol"), sort_keys=True)} for r in rows])
+        pq.write_table(table, tmp, compression="zstd")
     else:
         with open(tmp, "w") as fh:
             json.dump(rows, fh, indent=1)

@@ -31,29 +31,33 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
 export FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=/tmp/fa4-jit-cache TRITON_CACHE_DIR=$PWD/.triton-cache
 mkdir -p "$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR" "$TRITON_CACHE_DIR"
 
-# 1. carried packages and caches (in the background: restoring the cells needs none of them)
+# 1. carried packages and caches. The wheels come first: `longca unpack` below imports them
+#    (jsonschema). The bundles and caches unpack in the background; restoring the cells needs none.
+wheels=$(ls .whl/*.whl 2>/dev/null)
+[ -n "$wheels" ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $wheels > "$logs/setup.log" 2>&1
 (
-  wheels=$(ls .whl/*.whl 2>/dev/null)
-  [ -n "$wheels" ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $wheels
   for b in .bundles/*.tar.xz; do
     [ -f "$b" ] && mkdir -p "/tmp/bundles/$(basename "$b" .tar.xz)" && tar xJf "$b" -C "/tmp/bundles/$(basename "$b" .tar.xz)"
   done
   [ -f .fa4-cache/fa4-cache.tar.xz ] && tar xJf .fa4-cache/fa4-cache.tar.xz -C "$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
   [ -f .triton-autotune/triton-autotune.tar.gz ] && tar xzf .triton-autotune/triton-autotune.tar.gz -C "$TRITON_CACHE_DIR"
   true
-) > "$logs/setup.log" 2>&1 &
+) >> "$logs/setup.log" 2>&1 &
 unpacking=$!
-# 2. the committed cells of this spec
+# 2. the committed cells of this spec. A failed unpack stops the call: without the committed cells
+#    every cell would be measured again, spending the GPU time on rows that exist.
 name=$(python3 -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["name"])' "$spec")
 agg=results/$name/all.parquet
-[ -f "$agg" ] && PYTHONPATH=$PWD python3 -m longca.cli unpack "$agg" >> "$logs/setup.log" 2>&1
+if [ -f "$agg" ] && ! PYTHONPATH=$PWD:/tmp/site python3 -m longca.cli unpack "$agg" >> "$logs/unpack.log" 2>&1; then
+  echo "gpu-host: unpacking $agg failed; nothing was measured:" >&2
+  tail -n 5 "$logs/unpack.log" >&2
+  cp "$logs/unpack.log" "$out/unpack.log"
+  kill "$unpacking" 2>/dev/null
+  exit 3
+fi
+[ -f "$logs/unpack.log" ] && tail -n 1 "$logs/unpack.log"
 wait "$unpacking"
 PYTHONPATH=$PWD:/tmp/site
-for d in /tmp/bundles/*; do
-  [ -d "$d" ] && PYTHONPATH=$PYTHONPATH:$d
-  [ -d "$d/nvidia_cutlass_dsl/dsl_packages" ] && PYTHONPATH=$PYTHONPATH:$d/nvidia_cutlass_dsl/dsl_packages  # no .pth here
-done
-export PYTHONPATH
 { nvidia-smi; python3 -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda,
   "triton", triton.__version__)'; echo "set-up: $((SECONDS - start)) s"; } > "$out/env.txt" 2>&1
 ngpu=$(python3 -c 'import torch; print(max(1, torch.cuda.device_count()))')
