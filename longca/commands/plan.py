@@ -41,7 +41,7 @@ def _plan(args: argparse.Namespace) -> int:
         for c in chosen:
             print(json.dumps({"id": c.id, "output": c.output(args.results), "unsupported": planned_unsupported(c)}))
         return 0
-    recorded = _digests(args.rows)
+    recorded, refused = _digests(args.rows)
     wanted = {c.digest for c in chosen}
     kind_of = {c.digest: j.kind for j in jobs for c in j.cells if c.digest in wanted and c.digest not in recorded}
     pending_jobs = [j for j in jobs if any(c.digest in kind_of for c in j.cells)]
@@ -51,14 +51,50 @@ def _plan(args: argparse.Namespace) -> int:
         f"in {len(pending_jobs)} job(s) {dict(collections.Counter(j.kind for j in pending_jobs))}"
     )
     print(_table(chosen, kind_of))
+    stale = _refused_but_allowed(chosen, kind_of, refused, args.results)
+    if stale:
+        print(
+            f"{sum(stale.values())} done cells are recorded `unsupported` although the kernels' capabilities do "
+            f"not rule them out now (a run refused them, or the capabilities grew since): "
+            + ", ".join(f"{k} {n}" for k, n in sorted(stale.items()))
+            + "; `longca run --retry unsupported` with a selection measures them again"
+        )
     return 0
 
 
-def _digests(paths: list[str]) -> set[str]:
-    """The cell digests with rows in these aggregates (one column read)."""
+def _digests(paths: list[str]) -> tuple[set[str], set[str]]:
+    """The cell digests with rows in these aggregates, and those of them recorded `unsupported`."""
     import pyarrow.parquet as pq
 
-    return {d for p in paths for d in pq.read_table(p, columns=["cell_digest"]).column("cell_digest").to_pylist()}
+    done: set[str] = set()
+    refused: set[str] = set()
+    for p in paths:
+        names = pq.read_schema(p).names
+        table = pq.read_table(p, columns=[c for c in ("cell_digest", "status") if c in names])
+        digests = table.column("cell_digest").to_pylist()
+        done.update(digests)
+        if "status" in names:
+            refused.update(d for d, s in zip(digests, table.column("status").to_pylist()) if s == "unsupported")
+    return done, refused
+
+
+def _refused_but_allowed(cells: list, kind_of: dict[str, str], refused: set[str], results: str) -> dict[str, int]:
+    """Per kernel, the done cells recorded `unsupported` whose declared capabilities accept them now.
+    A recorded cell is never planned again by itself, so a kernel whose capabilities grew (a new
+    mask form, a dtype) keeps its old refusals until asked to retry them."""
+    from pathlib import Path
+
+    from longca.run.cell import planned_unsupported
+    from longca.run.plan import recorded_status
+
+    out: dict[str, int] = {}
+    for c in cells:
+        if c.digest in kind_of or planned_unsupported(c) is not None:
+            continue
+        path = Path(c.output(results))
+        if c.digest in refused or (path.exists() and recorded_status(path) == "unsupported"):
+            out[c.kernel] = out.get(c.kernel, 0) + 1
+    return out
 
 
 def _table(cells: list, kind_of: dict[str, str]) -> str:

@@ -29,8 +29,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--retry",
         action="append",
         default=[],
-        choices=["error", "timeout", "oom", "incorrect"],
-        help="also rerun cells whose recorded status is this (repeatable), e.g. after a fix",
+        choices=["error", "timeout", "oom", "incorrect", "unsupported"],
+        help="also rerun cells whose recorded status is this (repeatable), e.g. after a fix, or `unsupported` "
+        "after a kernel's capabilities grew (`longca plan` counts such cells)",
     )
     p.add_argument(
         "--sample",

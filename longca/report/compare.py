@@ -23,6 +23,14 @@ Whether a re-run reproduces a published set within its stated uncertainty: for e
 both sides whose base row stores its 95% interval (`ci_low_ms`, `ci_high_ms`), `inside_base_ci`
 says whether the new median falls inside it; the summary counts them (a re-run of random published
 cells on a fresh machine: the share inside is what the published intervals are worth).
+
+An interval is the uncertainty of one run on one machine at the clock it held. Between machine
+leases the H200's SM clock under load moves (power cap, temperature), and every cell's time moves
+with it. So where both rows record the in-window SM clock (`clock_window_mhz`), a record also has
+`clock_ratio` (base clock / new clock: the time ratio the clock alone predicts, time taken as
+inversely proportional to clock) and `inside_base_ci_at_base_clock` (the new median scaled to the
+base's clock, inside the base's interval); the summary gives the median time ratio beside the
+median clock ratio, so a shift of the whole set is told apart from a change of the kernels.
 """
 
 from __future__ import annotations
@@ -214,6 +222,11 @@ def compare(base: str | Path, new: str | Path, threshold: float = 0.03) -> Compa
             ci_lo, ci_hi, med_new = row.get("ci_low_ms"), row.get("ci_high_ms"), row.get("median_ms_new")
             if ci_lo is not None and ci_hi is not None and med_new is not None:
                 rec["inside_base_ci"] = bool(ci_lo <= med_new <= ci_hi)
+            clk, clk_new = row.get("clock_window_mhz"), row.get("clock_window_mhz_new")
+            if clk and clk_new:
+                rec["clock_ratio"] = clk / clk_new
+                if "inside_base_ci" in rec:
+                    rec["inside_base_ci_at_base_clock"] = bool(ci_lo <= med_new * clk_new / clk <= ci_hi)
         records.append(rec)
     records.sort(
         key=lambda r: (
@@ -243,9 +256,17 @@ def _summary(records: list[dict[str, Any]], threshold: float, base, new) -> dict
         # new medians inside the base's published 95% interval, of the cells where the base has one
         "inside_base_ci": sum(1 for r in records if r.get("inside_base_ci")),
         "with_base_ci": sum(1 for r in records if r.get("inside_base_ci") is not None),
+        "inside_base_ci_at_base_clock": sum(1 for r in records if r.get("inside_base_ci_at_base_clock")),
+        "with_clocks": sum(1 for r in records if r.get("inside_base_ci_at_base_clock") is not None),
+        "median_ratio": _median([r["ratio"] for r in records if r["ratio"] is not None]),
+        "median_clock_ratio": _median([r["clock_ratio"] for r in records if r.get("clock_ratio") is not None]),
         "by_kernel": counts("kernel"),
         "by_mask": counts("mask"),
     }
+
+
+def _median(xs: list[float]) -> float | None:
+    return float(np.median(xs)) if xs else None
 
 
 def _environment(a: pl.DataFrame, b: pl.DataFrame) -> list[dict[str, Any]]:
@@ -285,6 +306,12 @@ def summary_text(c: Comparison) -> str:
         share = s["inside_base_ci"] / s["with_base_ci"]
         lines.append(
             f"new medians inside the base's 95% interval: {s['inside_base_ci']} of {s['with_base_ci']} ({share:.0%})"
+        )
+    if s["with_clocks"]:
+        lines.append(
+            f"median time ratio new/base {s['median_ratio']:.3f}; the in-window SM clocks alone predict "
+            f"{s['median_clock_ratio']:.3f}; at the base's clock {s['inside_base_ci_at_base_clock']} of "
+            f"{s['with_clocks']} new medians are inside ({s['inside_base_ci_at_base_clock'] / s['with_clocks']:.0%})"
         )
     for r in [r for r in c.records if r["verdict"] in ("slower", "faster")][:10]:
         lines.append(

@@ -9,9 +9,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from longca.cli import main
-from longca.run.cell import planned_unsupported
+from longca.run.cell import planned_unsupported, status_row
 from longca.spec.cells import expand
 from longca.spec.load import load_spec
+from longca.store.write import write_rows
 
 SPEC = "specs/default.yaml"
 
@@ -74,3 +75,26 @@ def test_rows_of_an_aggregate_count_as_done_and_the_selection_narrows(tmp_path: 
 def test_a_selection_matching_no_cell_names_the_allowed_values(tmp_path: Path, capsys, args, message) -> None:
     assert main(["plan", SPEC, "--results", str(tmp_path), *args]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_done_cells_refused_although_the_capabilities_allow_them_are_named(tmp_path: Path, capsys) -> None:
+    # A cell recorded `unsupported` is never planned again by itself; when the kernel's capabilities
+    # no longer rule it out (they grew, or a run refused it), plan says so and how to retry it.
+    cells = [c for c in expand(load_spec(SPEC)) if c.sweep == "dense" and c.kernel == "naive"]
+    assert not any(planned_unsupported(c) for c in cells[:3])
+    agg = tmp_path / "all.parquet"
+    statuses = ["unsupported", "unsupported", "ok", "ok"]
+    pq.write_table(pa.table({"cell_digest": [c.digest for c in cells[:4]], "status": statuses}), agg)
+    args = ["plan", SPEC, "--results", str(tmp_path / "none"), "--rows", str(agg), "--sweep", "dense"]
+    assert main([*args, "--only", "kernel=naive"]) == 0
+    out = capsys.readouterr().out
+    assert "2 done cells are recorded `unsupported` although the kernels' capabilities do not rule them out now" in out
+    assert "naive 2; `longca run --retry unsupported` with a selection measures them again" in out
+    # nothing refused: no such line
+    pq.write_table(pa.table({"cell_digest": [c.digest for c in cells[:4]], "status": ["ok"] * 4}), agg)
+    assert main([*args, "--only", "kernel=naive"]) == 0
+    assert "recorded `unsupported`" not in capsys.readouterr().out
+    # the same from the cell files of a results folder
+    write_rows(cells[0].output(tmp_path / "res"), [status_row(cells[0], "unsupported", "an older capability")])
+    assert main(["plan", SPEC, "--results", str(tmp_path / "res"), "--sweep", "dense", "--only", "kernel=naive"]) == 0
+    assert "1 done cells are recorded `unsupported`" in capsys.readouterr().out

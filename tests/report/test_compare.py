@@ -249,3 +249,38 @@ def test_a_rerun_counts_the_medians_inside_the_published_intervals(tmp_path, cap
         _write(tmp_path, "plain", _base()), _write(tmp_path, "plain2", [dict(r, run_id="r2") for r in _base()])
     )
     assert plain.summary["with_base_ci"] == 0
+
+
+def test_a_rerun_at_a_lower_clock_is_told_apart_from_a_kernel_change(tmp_path, capsys):
+    """A whole set 3% slower at a 3% lower in-window SM clock: outside the +-1% intervals as measured,
+    inside them at the base's clock, and the summary puts the time shift beside the clock shift."""
+    rows = [
+        dict(r, ci_low_ms=r["median_ms"] * 0.99, ci_high_ms=r["median_ms"] * 1.01, clock_window_mhz=1800)
+        for r in _base()
+        if r["samples_ms"]
+    ]
+    base = _write(tmp_path, "base", rows)
+    slow = 1800 / 1746  # the clock ratio: 3.1% longer calls
+    rerun = [
+        dict(
+            r,
+            run_id="r2",
+            clock_window_mhz=1746,
+            samples_ms=[x * slow for x in r["samples_ms"]],
+            median_ms=r["median_ms"] * slow,
+        )
+        for r in rows
+    ]
+    rerun[3] = dict(
+        rerun[3], samples_ms=[x * 1.06 for x in rerun[3]["samples_ms"]], median_ms=rerun[3]["median_ms"] * 1.06
+    )
+    result = compare(base, _write(tmp_path, "new", rerun))
+    s = result.summary
+    assert (s["inside_base_ci"], s["with_base_ci"]) == (0, 8)
+    assert (s["inside_base_ci_at_base_clock"], s["with_clocks"]) == (7, 8)  # the kernel that changed stays out
+    assert s["median_clock_ratio"] == pytest.approx(slow) and s["median_ratio"] == pytest.approx(slow, rel=1e-6)
+    assert [r["inside_base_ci_at_base_clock"] for r in result.records].count(False) == 1
+    assert main(["compare", str(base), str(tmp_path / "new.parquet")]) == 0
+    out = capsys.readouterr().out
+    assert "median time ratio new/base 1.031; the in-window SM clocks alone predict 1.031" in out
+    assert "at the base's clock 7 of 8 new medians are inside (88%)" in out
