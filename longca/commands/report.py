@@ -69,6 +69,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="a page beside the report to link from its Environment page (repeatable), e.g. a "
         "`longca compare --html` page written under the report folder",
     )
+    p.add_argument(
+        "--reruns",
+        action="append",
+        default=[],
+        metavar="PARQUET",
+        help="earlier runs of cells of --data (never drawn): how far a median moves between runs, which the "
+        "choose page adds to the intervals of kernels measured in different runs (repeatable)",
+    )
     p.add_argument("--spec", metavar="SPEC.yaml", help="the spec that produced the rows, shown on the provenance page")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory, e.g. reports/<spec>/")
     p.add_argument("--title", help="site title (default: 'longca: <spec>')")
@@ -101,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
         ceiling_files=args.ceiling,
         model_tables=args.model,
         model_validation=args.model_validation,
+        reruns=args.reruns,
     )
     print(
         f"wrote {len(built.pages)} pages and {len(built.charts)} charts to {built.out} "

@@ -28,6 +28,7 @@ from longca.report import (
     export,
     fidelity,
     gallery,
+    leases,
     load,
     pages,
     peers,
@@ -155,15 +156,29 @@ def _overview(
     return page, page.charts()
 
 
-def _choose_page(c: pl.DataFrame, ceiling: pl.DataFrame | None, kernels: list[str]) -> Page:
+def _choose_page(
+    c: pl.DataFrame, ceiling: pl.DataFrame | None, kernels: list[str], moves: leases.BetweenRuns | None
+) -> Page:
     page = Page("index.html", "Choose", "Which kernel for my shape?")
-    best = queries.choose(c, ceiling)
+    best = queries.choose(c, ceiling, moves.p95 if moves else 0.0)
     page.p(
         "Pick the attention shape you train with; every mask and length then shows the fastest kernel "
         "measured there. Further pages: every kernel per mask (Masks), block-sparse (Sparse), context "
         "parallelism (CP), what did not run and why (Status), and how the numbers were taken (Data)."
     )
     page.chart(charts.choose_chart(best, kernels), "No ok single-device softmax cells to choose from.")
+    if moves is None:
+        page.p(
+            "A margin marked ~ lies inside the two kernels' 95% intervals. Each interval holds for its own run; "
+            "how far a median moves between runs was not measured for these rows (`longca report --reruns`).",
+            "note",
+        )
+    else:
+        page.p(
+            f"A margin marked ~ lies inside the two kernels' 95% intervals, widened, where the two ran in "
+            f"different runs, by the move measured between runs of the same cells: {moves.sentence()}.",
+            "note",
+        )
     if ceiling is None or not ceiling.height:
         page.p(
             "No measured matrix-product rate was given (`longca report --ceiling`), so the squares do not say "
@@ -816,6 +831,7 @@ def build_report(
     ceiling_files: Sequence[str | Path] = (),
     model_tables: Sequence[str | Path] = (),
     model_validation: str | Path | None = None,
+    reruns: Sequence[str | Path] = (),
 ) -> Built:
     """Write the whole static site for the rows in `data` under `out`; returns what was written.
 
@@ -832,6 +848,9 @@ def build_report(
     measured matrix-product rate, and a table on the Environment page.
     `model_tables`: tables of `longca model cp` (source = model), drawn on their own page, never
     among measured rows; `model_validation`: the CSV of `longca model validate`, on the same page.
+    `reruns`: result files holding earlier runs of cells of `data` (never drawn): with the current
+    rows they measure how far a median moves between runs (longca.report.leases), which the Choose
+    page adds to the intervals of two kernels measured in different runs.
     """
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
@@ -868,7 +887,11 @@ def build_report(
     timings["load+cells"] = time.perf_counter() - t0
 
     kernels = c.get_column("kernel").drop_nulls().unique().to_list()
-    choose = _choose_page(c, ceiling, kernels)
+    moves = None
+    if reruns:
+        _, earlier = load.read_rows([Path(p) for p in reruns])
+        moves = leases.between_runs(rows, earlier)
+    choose = _choose_page(c, ceiling, kernels, moves)
     overview, _ = _overview(c, rows, spec_name, stale)
     family = _family_pages(c, peer, local)
     mask_pages = _mask_pages(c, peers.for_masks(peer), kernels)

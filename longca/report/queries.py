@@ -344,12 +344,23 @@ def best_kernel(c: pl.DataFrame) -> pl.DataFrame:
     return mask_cells(c).sort("tflops", descending=True).group_by(keys, maintain_order=True).first().sort(keys)
 
 
+def _same_run() -> pl.Expr:
+    """Best and runner-up measured in one run (each cell's draws all in that run)."""
+    one = pl.col("run_ids").is_not_null() & ~pl.col("run_ids").str.contains(",")
+    return (one & (pl.col("run_ids") == pl.col("runner_up_run_ids"))).fill_null(False)
+
+
 CHOOSE_KEYS = ("mask_label", "seqlen_q", "heads", "head_dim", "dtype", "pass", "machine")
 
 
-def choose(c: pl.DataFrame, ceilings: pl.DataFrame | None = None) -> pl.DataFrame:
+def choose(c: pl.DataFrame, ceilings: pl.DataFrame | None = None, between_runs: float = 0.0) -> pl.DataFrame:
     """Per mask (with its variant where a mask has several), length, heads, head dim, dtype, pass and
     machine: the fastest ok single-device softmax kernel, its TFLOP/s, the runner-up and the margin.
+
+    `lead_clear`: the two kernels' 95% intervals do not overlap; where the two were measured in
+    different runs, not even with the runner-up's upper end raised by `between_runs` (the relative
+    move of one cell's median between runs, longca.report.leases), because each interval holds for
+    its own run only.
 
     The best kernel's own row fields stay (spec, sweep, cell id, commit: its repro command).
     `ceilings` (device_name, dtype, matmul_tflops): adds `pct_matmul`, the best TFLOP/s as a share
@@ -358,6 +369,8 @@ def choose(c: pl.DataFrame, ceilings: pl.DataFrame | None = None) -> pl.DataFram
     ok = pl.concat([mask_cells(c), sparse_cells(c)], how="diagonal_relaxed")
     if ok.is_empty():
         return ok
+    if "run_ids" not in ok.columns:
+        ok = ok.with_columns(run_ids=pl.lit(None, pl.String))
     variants = pl.col("mask_variant").n_unique().over("mask")
     ok = ok.with_columns(
         mask_label=pl.when((variants > 1) & pl.col("mask_variant").is_not_null())
@@ -374,6 +387,7 @@ def choose(c: pl.DataFrame, ceilings: pl.DataFrame | None = None) -> pl.DataFram
         runner_up=pl.col("kernel"),
         runner_up_tflops=pl.col("tflops"),
         runner_up_tflops_ci_high=pl.col("tflops_ci_high"),
+        runner_up_run_ids=pl.col("run_ids"),
     )
     best = (
         ranked.filter(pl.col("rank") == 1)
@@ -381,8 +395,11 @@ def choose(c: pl.DataFrame, ceilings: pl.DataFrame | None = None) -> pl.DataFram
         .join(ranked.group_by(keys).agg(kernels=pl.len()), on=keys, how="left")  # how many ran there
         .with_columns(
             margin=pl.col("tflops") / pl.col("runner_up_tflops") - 1.0,
-            # the lead is clear when the two 95% intervals of the medians do not overlap
-            lead_clear=pl.col("tflops_ci_low") > pl.col("runner_up_tflops_ci_high"),
+            # the lead is clear when the two 95% intervals of the medians do not overlap, by the
+            # between-runs move more where the two come from different runs
+            lead_clear=pl.col("tflops_ci_low")
+            > pl.col("runner_up_tflops_ci_high")
+            * pl.when(_same_run()).then(pl.lit(1.0)).otherwise(pl.lit(1.0 + between_runs)),
         )
         .drop("rank")
     )

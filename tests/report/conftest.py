@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -34,7 +35,22 @@ def spec_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def site(tmp_path_factory: pytest.TempPathFactory, rows_path: Path, spec_path: Path) -> Path:
+def reruns_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An earlier run of every synthetic row: another run id, every median 2% longer."""
+    import pyarrow.compute as pc
+
+    table = synthetic_table()
+    table = table.set_column(table.schema.get_field_index("run_id"), "run_id", pa.array(["run-before"] * len(table)))
+    i = table.schema.get_field_index("median_ms")
+    table = table.set_column(i, "median_ms", pc.multiply(table["median_ms"], 1.02))
+    path = tmp_path_factory.mktemp("reruns") / "reruns.parquet"
+    pq.write_table(table, path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def site(tmp_path_factory: pytest.TempPathFactory, rows_path: Path, spec_path: Path, reruns_path: Path) -> Path:
     out = tmp_path_factory.mktemp("report") / "fixture"
-    assert main(["report", "--data", str(rows_path), "--spec", str(spec_path), "--out", str(out)]) == 0
+    args = ["report", "--data", str(rows_path), "--spec", str(spec_path), "--out", str(out)]
+    assert main([*args, "--reruns", str(reruns_path)]) == 0
     return out
