@@ -64,3 +64,23 @@ def stopped_chunk(tmp_path):
         return proc.returncode, err_path.read_text()
 
     return run
+
+
+@pytest.fixture(scope="session")
+def default_local_run(tmp_path_factory):
+    """The README's first command after its installs, `snakemake --cores 2` (the embedded default
+    spec), run once per session in a copy of the workflow: (its folder, the finished process).
+
+    The README test checks its rows and report; the SLURM test compares its own run of the same
+    spec with these rows. About 85 s of two cores, so it runs once."""
+    import subprocess
+
+    work = tmp_path_factory.mktemp("default-run") / "repo"
+    work.mkdir()
+    for name in ("Snakefile", "workflow", "profiles", "specs"):
+        src = ROOT / name
+        shutil.copytree(src, work / name) if src.is_dir() else shutil.copy(src, work / name)
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--cores", "2"], cwd=work, capture_output=True, text=True, timeout=1200
+    )
+    return work, proc

@@ -191,13 +191,10 @@ def test_snakemake_commands_plan_every_job(tmp_path: Path):
             proc.kill()  # a no-op for a finished process; no dry run outlives a failed one
 
 
-def test_the_default_run_produces_rows_and_a_report(tmp_path: Path):
+def test_the_default_run_produces_rows_and_a_report(default_local_run):
     """`snakemake --cores 2` after the installs (CI installed the package): the default spec's real
-    run, its Parquet and its report."""
-    work = _copy_repo_for_run(tmp_path / "repo")
-    proc = subprocess.run(
-        [sys.executable, "-m", "snakemake", "--cores", "2"], cwd=work, capture_output=True, text=True, timeout=1200
-    )
+    run, its Parquet and its report (the session's one run of it, tests/conftest.py)."""
+    work, proc = default_local_run
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
     assert (work / "results" / "default" / "all.parquet").stat().st_size > 0
     assert (work / "reports" / "default" / "index.html").is_file()
