@@ -369,8 +369,6 @@ def choose(c: pl.DataFrame, ceilings: pl.DataFrame | None = None, between_runs: 
     ok = pl.concat([mask_cells(c), sparse_cells(c)], how="diagonal_relaxed")
     if ok.is_empty():
         return ok
-    if "run_ids" not in ok.columns:
-        ok = ok.with_columns(run_ids=pl.lit(None, pl.String))
     variants = pl.col("mask_variant").n_unique().over("mask")
     ok = ok.with_columns(
         mask_label=pl.when((variants > 1) & pl.col("mask_variant").is_not_null())
