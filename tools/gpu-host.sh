@@ -5,9 +5,9 @@
 #   bash tools/gpu-host.sh OUTDIR SPEC [LIMIT_S] [longca run arguments...]
 #   e.g. bash tools/gpu-host.sh "$OUT" specs/h200.yaml 540 --sweep dense --only seqlen=32K
 #
-# 1. Carried packages are unpacked: wheels in .whl/ (pip --target /tmp/site), every bundle
+# 1. Carried packages are unpacked: wheels in .whl/ (pip --target $TMPDIR/site, /tmp by default), every bundle
 #    .bundles/NAME.tar.xz (a packed site folder, e.g. FlashAttention-4's from ../shared/tools/pack-fa4.sh)
-#    into /tmp/bundles/NAME on PYTHONPATH, FA4's compiled-kernel cache .fa4-cache/fa4-cache.tar.xz and
+#    into $TMPDIR/bundles/NAME on PYTHONPATH, FA4's compiled-kernel cache .fa4-cache/fa4-cache.tar.xz and
 #    Triton's autotune cache .triton-autotune/triton-autotune.tar.gz (what an earlier call returned),
 #    each only when present. With LONGCA_GPU_TESTS="tests/... -k ...", those tests run first
 #    (pytest, log in OUTDIR/gpu-tests.log). With LONGCA_GPU_BENCH="benchmarks/X.py ARGS", that script
@@ -28,16 +28,17 @@ start=$SECONDS
 mkdir -p "$out"
 logs=$(mktemp -d)
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=/tmp/fa4-jit-cache TRITON_CACHE_DIR=$PWD/.triton-cache
+host_tmp=${TMPDIR:-/tmp}  # where the carried packages go (a test points it elsewhere)
+export FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=$host_tmp/fa4-jit-cache TRITON_CACHE_DIR=$PWD/.triton-cache
 mkdir -p "$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR" "$TRITON_CACHE_DIR"
 
 # 1. carried packages and caches. The wheels come first: `longca unpack` below imports them
 #    (jsonschema). The bundles and caches unpack in the background; restoring the cells needs none.
 wheels=$(ls .whl/*.whl 2>/dev/null)
-[ -n "$wheels" ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $wheels > "$logs/setup.log" 2>&1
+[ -n "$wheels" ] && python3 -m pip install -q --no-index --no-deps --no-compile --target "$host_tmp/site" $wheels > "$logs/setup.log" 2>&1
 (
   for b in .bundles/*.tar.xz; do
-    [ -f "$b" ] && mkdir -p "/tmp/bundles/$(basename "$b" .tar.xz)" && tar xJf "$b" -C "/tmp/bundles/$(basename "$b" .tar.xz)"
+    [ -f "$b" ] && mkdir -p "$host_tmp/bundles/$(basename "$b" .tar.xz)" && tar xJf "$b" -C "$host_tmp/bundles/$(basename "$b" .tar.xz)"
   done
   [ -f .fa4-cache/fa4-cache.tar.xz ] && tar xJf .fa4-cache/fa4-cache.tar.xz -C "$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
   [ -f .triton-autotune/triton-autotune.tar.gz ] && tar xzf .triton-autotune/triton-autotune.tar.gz -C "$TRITON_CACHE_DIR"
@@ -48,7 +49,7 @@ unpacking=$!
 #    every cell would be measured again, spending the GPU time on rows that exist.
 name=$(python3 -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["name"])' "$spec")
 agg=results/$name/all.parquet
-if [ -f "$agg" ] && ! PYTHONPATH=$PWD:/tmp/site python3 -m longca.cli unpack "$agg" >> "$logs/unpack.log" 2>&1; then
+if [ -f "$agg" ] && ! PYTHONPATH=$PWD:$host_tmp/site python3 -m longca.cli unpack "$agg" >> "$logs/unpack.log" 2>&1; then
   echo "gpu-host: unpacking $agg failed; nothing was measured:" >&2
   tail -n 5 "$logs/unpack.log" >&2
   cp "$logs/unpack.log" "$out/unpack.log"
@@ -57,7 +58,14 @@ if [ -f "$agg" ] && ! PYTHONPATH=$PWD:/tmp/site python3 -m longca.cli unpack "$a
 fi
 [ -f "$logs/unpack.log" ] && tail -n 1 "$logs/unpack.log"
 wait "$unpacking"
-PYTHONPATH=$PWD:/tmp/site
+# every process below imports the carried packages: the wheels' site and each bundle (with CuTe
+# DSL's dsl_packages, since .pth files are not read from PYTHONPATH)
+PYTHONPATH=$PWD:$host_tmp/site
+for d in "$host_tmp"/bundles/*; do
+  [ -d "$d" ] && PYTHONPATH=$PYTHONPATH:$d
+  [ -d "$d/nvidia_cutlass_dsl/dsl_packages" ] && PYTHONPATH=$PYTHONPATH:$d/nvidia_cutlass_dsl/dsl_packages
+done
+export PYTHONPATH
 { nvidia-smi; python3 -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda,
   "triton", triton.__version__)'; echo "set-up: $((SECONDS - start)) s"; } > "$out/env.txt" 2>&1
 ngpu=$(python3 -c 'import torch; print(max(1, torch.cuda.device_count()))')
