@@ -17,7 +17,8 @@
 # 3. `longca run` measures them, one process per visible GPU (`--shard g/N`), stopped by SIGTERM
 #    (the chunk supervisor ends its workers and records nothing half-written) when time is up.
 # 4. OUTDIR gets <name>.parquet (the committed rows plus this call's), logs.tar.gz, env.txt and
-#    the two caches for the next call. Copy <name>.parquet to results/<name>/all.parquet, commit,
+#    the two caches for the next call. With `--results DIR` among the run's arguments (a re-run
+#    check into another folder), nothing is restored and <name>.parquet is that folder's aggregate. Copy <name>.parquet to results/<name>/all.parquet, commit,
 #    and call again until `longca plan SPEC --rows results/<name>/all.parquet` lists nothing to run.
 set -u
 out=${1:?usage: gpu-host.sh OUTDIR SPEC [LIMIT_S] [longca run arguments...]}
@@ -49,7 +50,17 @@ unpacking=$!
 #    every cell would be measured again, spending the GPU time on rows that exist.
 name=$(python3 -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["name"])' "$spec")
 agg=results/$name/all.parquet
-if [ -f "$agg" ] && ! PYTHONPATH=$PWD:$host_tmp/site python3 -m longca.cli unpack "$agg" >> "$logs/unpack.log" 2>&1; then
+# A run into another folder (`--results DIR`: a re-run check with `--sample`) is a set of its own:
+# nothing committed is restored into it, and what comes back is its aggregate (cell files under
+# OUTDIR would be nested too deep to be returned).
+results_dir=results prev=
+for a in "$@"; do
+  [ "$prev" = --results ] && results_dir=$a
+  case $a in --results=*) results_dir=${a#--results=} ;; esac
+  prev=$a
+done
+[ "$(realpath -m "$results_dir")" = "$(realpath -m results)" ] || agg=
+if [ -n "$agg" ] && [ -f "$agg" ] && ! PYTHONPATH=$PWD:$host_tmp/site python3 -m longca.cli unpack "$agg" >> "$logs/unpack.log" 2>&1; then
   echo "gpu-host: unpacking $agg failed; nothing was measured:" >&2
   tail -n 5 "$logs/unpack.log" >&2
   cp "$logs/unpack.log" "$out/unpack.log"
@@ -96,8 +107,9 @@ if [ "$left" -gt 10 ]; then
 fi
 
 # 4. what comes back
-keep=(); [ -f "$agg" ] && keep=(--keep "$agg")
-python3 -m longca.cli aggregate --spec "$spec" --present-only "${keep[@]}" --out "$out/$name.parquet" > "$logs/aggregate.log" 2>&1
+keep=(); [ -n "$agg" ] && [ -f "$agg" ] && keep=(--keep "$agg")
+python3 -m longca.cli aggregate --spec "$spec" --results "$results_dir" --present-only "${keep[@]}" \
+  --out "$out/$name.parquet" > "$logs/aggregate.log" 2>&1
 python3 -m longca.cli plan "$spec" --rows "$out/$name.parquet" > "$out/plan.txt" 2>&1
 tar -C "$logs" -czf "$out/logs.tar.gz" .
 tar -C "$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR" -cJf "$out/fa4-cache.tar.xz" . 2>/dev/null

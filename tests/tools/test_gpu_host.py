@@ -72,3 +72,42 @@ def test_carried_bundles_and_wheels_are_importable_by_what_the_call_runs(tmp_pat
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert (out / "probe.txt").read_text() == "bundle dsl wheel", (out / "bench.log").read_text()
+
+
+def test_a_run_into_another_folder_returns_that_folders_aggregate(tmp_path: Path) -> None:
+    # A re-run check (`--results DIR --sample N`) is a set of its own: the committed cells are not
+    # restored into it (here they could not be: the aggregate is unreadable, which would stop a
+    # normal call), and OUTDIR gets the aggregate of DIR, since cell files under OUTDIR nest too
+    # deep to come back from a lent machine.
+    import pyarrow.parquet as pq
+
+    work = tmp_path / "tree"
+    (work / "results" / "default").mkdir(parents=True)
+    (work / "results" / "default" / "all.parquet").write_bytes(b"not parquet")
+    (work / "longca").symlink_to(ROOT / "longca")
+    out = tmp_path / "out"
+    rerun = tmp_path / "rerun"
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "TMPDIR": str(tmp_path)}
+    args = [
+        "--results",
+        str(rerun),
+        "--sample",
+        "2",
+        "--sweep",
+        "dense",
+        "--only",
+        "kernel=naive",
+        "--only",
+        "seqlen=256",
+    ]
+    done = subprocess.run(
+        ["bash", str(ROOT / "tools" / "gpu-host.sh"), str(out), str(ROOT / "specs" / "default.yaml"), "150", *args],
+        cwd=work, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert not (work / "results" / "default" / "cells").exists()
+    assert len(list((rerun / "default" / "cells").rglob("*.parquet"))) == 2
+    table = pq.read_table(out / "default.parquet", columns=["kernel", "seqlen_q", "cell_digest"])
+    assert set(table.column("kernel").to_pylist()) == {"naive"}
+    assert set(table.column("seqlen_q").to_pylist()) == {256}
+    assert len(set(table.column("cell_digest").to_pylist())) == 2
