@@ -17,6 +17,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("base", help="the reference set: an aggregate (all.parquet) or a results folder")
     p.add_argument("new", help="the set to judge against it")
     p.add_argument("--threshold", type=float, default=0.03, help="smallest change that counts (default 0.03: 3%%)")
+    p.add_argument(
+        "--reruns",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="rows of earlier runs of the base's cells (repeatable, e.g. results/h200/reruns.parquet): count the "
+        "new medians inside each base row's re-run interval, its 95%% interval widened to the move between runs",
+    )
     p.add_argument("--json", metavar="FILE", help="write one record per cell and the summary here")
     p.add_argument("--html", metavar="DIR", help="write a page (DIR/index.html) sorted by effect, filterable")
     p.add_argument(
@@ -32,7 +40,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _compare(args: argparse.Namespace) -> int:
     from longca.report.compare import compare, summary_text, write_html, write_json
 
-    result = compare(args.base, args.new, args.threshold)
+    result = compare(args.base, args.new, args.threshold, args.reruns)
     print(summary_text(result))
     if args.json:
         write_json(result, args.json)

@@ -176,7 +176,10 @@ def _choose_page(
     else:
         page.p(
             f"A margin marked ~ lies inside the two kernels' 95% intervals, widened, where the two ran in "
-            f"different runs, by the move measured between runs of the same cells: {moves.sentence()}.",
+            f"different runs, by the move measured between runs of the same cells: {moves.sentence()}. "
+            f"Every tooltip gives a cell's 95% interval of its own run (tflops_ci_low, tflops_ci_high) and its "
+            f"re-run interval (tflops_rerun_low, tflops_rerun_high): the first widened to a {moves.p95:.1%} move, "
+            f"where a re-run on another machine lease should land.",
             "note",
         )
     if ceiling is None or not ceiling.height:
@@ -891,6 +894,11 @@ def build_report(
     if reruns:
         _, earlier = load.read_rows([Path(p) for p in reruns])
         moves = leases.between_runs(rows, earlier)
+    if moves is not None:  # every drawn cell's re-run interval beside its own (tooltips)
+        low, high = leases.rerun_interval(
+            moves.p95, pl.col("tflops"), pl.col("tflops_ci_low"), pl.col("tflops_ci_high"), rate=True
+        )
+        c = c.with_columns(low.alias("tflops_rerun_low"), high.alias("tflops_rerun_high"))
     choose = _choose_page(c, ceiling, kernels, moves)
     overview, _ = _overview(c, rows, spec_name, stale)
     family = _family_pages(c, peer, local)

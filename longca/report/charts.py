@@ -61,6 +61,8 @@ TOOLTIP = (
     "graph_median_ms",
     "tflops_ci_low",
     "tflops_ci_high",
+    "tflops_rerun_low",
+    "tflops_rerun_high",
     "tflops_draw_low",
     "tflops_draw_high",
     "tokens_per_s",

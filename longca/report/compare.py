@@ -31,6 +31,12 @@ with it. So where both rows record the in-window SM clock (`clock_window_mhz`), 
 inversely proportional to clock) and `inside_base_ci_at_base_clock` (the new median scaled to the
 base's clock, inside the base's interval); the summary gives the median time ratio beside the
 median clock ratio, so a shift of the whole set is told apart from a change of the kernels.
+
+With earlier runs of some of the base's cells (`reruns`: e.g. results/h200/reruns.parquet), the
+move between runs is measured as the report measures it (`longca.report.leases`), and
+`inside_rerun_interval` says whether the new median falls inside the base row's re-run interval
+(its 95% interval widened to the 95th percentile of those moves). Rows of the new set must not be
+among `reruns`: the check is then a prediction made before the re-run, and can fail.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from longca.report.assets import CSS
+from longca.report.leases import BetweenRuns, between_runs, rerun_interval
 from longca.report.load import read_tables
 from longca.report.queries import supersede
 from longca.report.repro import repro_command
@@ -168,13 +175,20 @@ def _samples(row: dict[str, Any]) -> list[float]:
     return [row["median_ms"]] if row.get("median_ms") is not None else []
 
 
-def compare(base: str | Path, new: str | Path, threshold: float = 0.03) -> Comparison:
-    """Match two result sets by axes and give every cell its verdict."""
+def compare(
+    base: str | Path, new: str | Path, threshold: float = 0.03, reruns: Sequence[str | Path] = ()
+) -> Comparison:
+    """Match two result sets by axes and give every cell its verdict (and, given earlier runs of
+    the base's cells in `reruns`, whether each new median is inside the base's re-run interval)."""
     if not 0 < threshold < 1:
         raise ValueError(f"--threshold {threshold}: allowed: a fraction between 0 and 1, e.g. 0.03")
     a, b = load_side(base), load_side(new)
     keys = list(MATCH_ON)
     joined = a.join(b, on=keys, how="full", nulls_equal=True, suffix="_new", coalesce=True)
+    moves = _moves(base, reruns) if reruns else None
+    if moves is not None:
+        low, high = rerun_interval(moves.p95, pl.col("median_ms"), pl.col("ci_low_ms"), pl.col("ci_high_ms"))
+        joined = joined.with_columns(low.alias("rerun_low_ms"), high.alias("rerun_high_ms"))
     if joined.height and a.join(b, on=keys, how="inner", nulls_equal=True).height == 0:
         raise ValueError(
             f"nothing matched: no cell of {base} has the axes of a cell of {new} (matched on {', '.join(MATCH_ON)})"
@@ -222,6 +236,8 @@ def compare(base: str | Path, new: str | Path, threshold: float = 0.03) -> Compa
             ci_lo, ci_hi, med_new = row.get("ci_low_ms"), row.get("ci_high_ms"), row.get("median_ms_new")
             if ci_lo is not None and ci_hi is not None and med_new is not None:
                 rec["inside_base_ci"] = bool(ci_lo <= med_new <= ci_hi)
+                if moves is not None:
+                    rec["inside_rerun_interval"] = bool(row["rerun_low_ms"] <= med_new <= row["rerun_high_ms"])
             clk, clk_new = row.get("clock_window_mhz"), row.get("clock_window_mhz_new")
             if clk and clk_new:
                 rec["clock_ratio"] = clk / clk_new
@@ -235,7 +251,28 @@ def compare(base: str | Path, new: str | Path, threshold: float = 0.03) -> Compa
             r["mask"] or "",
         )
     )
-    return Comparison(records, _summary(records, threshold, base, new), _environment(a, b))
+    summary = _summary(records, threshold, base, new)
+    if moves is not None:
+        summary.update(
+            rerun_p95=moves.p95,
+            rerun_pairs=moves.pairs,
+            inside_rerun_interval=sum(1 for r in records if r.get("inside_rerun_interval")),
+        )
+    return Comparison(records, summary, _environment(a, b))
+
+
+def _moves(base: str | Path, reruns: Sequence[str | Path]) -> BetweenRuns:
+    """The move between runs of the base's cells: its rows and the earlier runs in `reruns`."""
+    for p in reruns:
+        if not Path(p).is_file():
+            raise ValueError(f"--reruns {p}: no such file (expected rows of earlier runs, e.g. reruns.parquet)")
+    moves = between_runs(pl.from_arrow(read_tables(_files(Path(base)))), pl.from_arrow(read_tables(list(reruns))))
+    if moves is None:
+        raise ValueError(
+            f"--reruns {', '.join(map(str, reruns))}: no cell of {base} is there from another run "
+            "(same cell digest and mask draw, another run_id), so no move between runs can be measured"
+        )
+    return moves
 
 
 def _summary(records: list[dict[str, Any]], threshold: float, base, new) -> dict[str, Any]:
@@ -306,6 +343,13 @@ def summary_text(c: Comparison) -> str:
         share = s["inside_base_ci"] / s["with_base_ci"]
         lines.append(
             f"new medians inside the base's 95% interval: {s['inside_base_ci']} of {s['with_base_ci']} ({share:.0%})"
+        )
+    if "rerun_p95" in s and s["with_base_ci"]:
+        inside = s["inside_rerun_interval"]
+        lines.append(
+            f"new medians inside the base's re-run interval (its 95% interval widened to the "
+            f"{s['rerun_p95']:.1%} move between runs, 95th percentile of {s['rerun_pairs']} pairs): "
+            f"{inside} of {s['with_base_ci']} ({inside / s['with_base_ci']:.0%})"
         )
     if s["with_clocks"]:
         lines.append(

@@ -8,6 +8,11 @@ draw), `between_runs` pairs every two runs of a cell and measures the relative d
 medians, |a / b - 1|: its median and its 95th percentile over the pairs (an order statistic, no
 distribution assumed). The Choose page calls a lead between two kernels measured in different runs
 clear only when their intervals stay apart by more than that 95th percentile.
+
+A row's re-run interval (`rerun_interval`) is where a re-run of its cell on another lease should
+land: its own 95% interval, widened on each side to that 95th percentile of the moves. The report
+shows it beside the row's own interval, and `longca compare --reruns` counts the new medians
+inside it, so a re-run on a fresh machine tests it against moves measured before that re-run.
 """
 
 from __future__ import annotations
@@ -79,3 +84,16 @@ def between_runs(*frames: pl.DataFrame) -> BetweenRuns | None:
         median=float(pl.Series(d).median()),
         p95=float(p95),
     )
+
+
+def rerun_interval(
+    p95: float, median: pl.Expr, low: pl.Expr, high: pl.Expr, *, rate: bool = False
+) -> tuple[pl.Expr, pl.Expr]:
+    """(low, high) of the re-run interval: the interval [`low`, `high`] of a `median`, widened to
+    where the 95th percentile `p95` of moves between runs puts a re-run's median. For a time, the
+    median times [1 - p95, 1 + p95]; for a rate (`rate`: TFLOP/s, inverse to time), divided by
+    [1 + p95, 1 - p95]. Never narrower than the row's own interval."""
+    if not 0 <= p95 < 1:
+        raise ValueError(f"p95 {p95}: allowed: a fraction in [0, 1)")
+    down, up = (1 / (1 + p95), 1 / (1 - p95)) if rate else (1 - p95, 1 + p95)
+    return pl.min_horizontal(low, median * down), pl.max_horizontal(high, median * up)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import polars as pl
 import pyarrow.parquet as pq
+import pytest
 
 from longca.cli import main
 
@@ -122,6 +123,24 @@ def test_the_first_page_chooses_a_kernel_for_a_shape(site: Path) -> None:
     assert nav.index('href="index.html"') < nav.index('href="overview.html"')  # the first page in the nav
     # --reruns: every cell measured once more, 2% slower: the note gives the move between runs
     assert "median moved by 2.0% (median) and at most 2.0% in 95% of" in html
+    assert "re-run interval (tflops_rerun_low, tflops_rerun_high)" in html
+
+
+def test_every_drawn_cell_carries_its_rerun_interval_beside_its_own(
+    site: Path, rows_path: Path, reruns_path: Path
+) -> None:
+    # the interval a re-run on another lease should land in: the cell's own 95% interval widened to
+    # the 95th percentile of the moves between runs, as TFLOP/s (a rate: the ends divide)
+    from longca.report import leases
+
+    p95 = leases.between_runs(pl.read_parquet(rows_path), pl.read_parquet(reruns_path)).p95
+    text = (site / "assets" / "data.js").read_text()
+    data = json.loads(text[text.index("=") + 1 :].strip().rstrip(";"))
+    points = [p for p in decode(data["choose"]) if "tflops_ci_low" in p]
+    assert points
+    for p in points:
+        assert p["tflops_rerun_low"] == pytest.approx(min(p["tflops_ci_low"], p["tflops"] / (1 + p95)), rel=1e-4)
+        assert p["tflops_rerun_high"] == pytest.approx(max(p["tflops_ci_high"], p["tflops"] / (1 - p95)), rel=1e-4)
 
 
 def test_overview_content(site: Path) -> None:

@@ -284,3 +284,32 @@ def test_a_rerun_at_a_lower_clock_is_told_apart_from_a_kernel_change(tmp_path, c
     out = capsys.readouterr().out
     assert "median time ratio new/base 1.031; the in-window SM clocks alone predict 1.031" in out
     assert "at the base's clock 7 of 8 new medians are inside (88%)" in out
+
+
+def test_a_rerun_is_judged_against_the_rerun_interval_measured_before_it(tmp_path, capsys):
+    """Earlier runs of the base's cells give the move between runs (here at most 3.5%); a re-run 3%
+    slower lands outside every +-1% interval but inside 7 of 8 re-run intervals (one cell 5% slower)."""
+    rows = [
+        dict(r, ci_low_ms=r["median_ms"] * 0.99, ci_high_ms=r["median_ms"] * 1.01) for r in _base() if r["samples_ms"]
+    ]
+    base = _write(tmp_path, "base", rows)
+    earlier = [dict(r, run_id="r0", median_ms=r["median_ms"] * (1 + 0.005 * i)) for i, r in enumerate(rows)]
+    reruns = _write(tmp_path, "reruns", earlier)
+    new = [dict(r, run_id="r2", median_ms=r["median_ms"] * (1.05 if i == 2 else 1.03)) for i, r in enumerate(rows)]
+    result = compare(base, _write(tmp_path, "new", new), reruns=[reruns])
+    s = result.summary
+    assert s["rerun_p95"] == pytest.approx(0.035) and s["rerun_pairs"] == 8
+    assert (s["inside_base_ci"], s["inside_rerun_interval"], s["with_base_ci"]) == (0, 7, 8)
+    outside = [r["cell_id"] for r in result.records if r.get("inside_rerun_interval") is False]
+    assert outside == [rows[2]["cell_id"]]
+    assert main(["compare", str(base), str(tmp_path / "new.parquet"), "--reruns", str(reruns)]) == 0
+    assert (
+        "re-run interval (its 95% interval widened to the 3.5% move between runs, 95th percentile of 8 pairs): "
+        "7 of 8 (88%)" in capsys.readouterr().out
+    )
+    # earlier runs of other cells say nothing about these: an error naming the option, not a count
+    strangers = _write(tmp_path, "strangers", [dict(r, cell_digest="other" + r["cell_digest"]) for r in earlier])
+    with pytest.raises(ValueError, match="--reruns .*strangers.parquet: no cell of .* is there from another run"):
+        compare(base, _write(tmp_path, "new", new), reruns=[strangers])
+    with pytest.raises(ValueError, match="--reruns .*missing.parquet: no such file"):
+        compare(base, base, reruns=[tmp_path / "missing.parquet"])

@@ -49,3 +49,18 @@ def test_a_lead_across_runs_is_clear_only_beyond_the_move_between_runs() -> None
         assert widened.get_column("lead_clear").to_list() == expect.to_list()
         flipped = (base.get_column("lead_clear") & ~widened.get_column("lead_clear")).sum()
         assert (flipped > 0) == across  # one run: the move between runs does not apply
+
+
+def test_the_rerun_interval_widens_a_rows_own_interval_to_the_move_between_runs() -> None:
+    d = pl.DataFrame({"m": [100.0, 100.0], "lo": [99.0, 90.0], "hi": [101.0, 101.0], "tf": [500.0, 500.0]})
+    low, high = leases.rerun_interval(0.05, pl.col("m"), pl.col("lo"), pl.col("hi"))
+    got = d.select(low.alias("low"), high.alias("high"))
+    assert got.rows() == [(pytest.approx(95.0), pytest.approx(105.0)), (90.0, pytest.approx(105.0))]  # never narrower
+    # a rate is inverse to time: 5% more or less time is 500/1.05 .. 500/0.95 TFLOP/s
+    low, high = leases.rerun_interval(0.05, pl.col("tf"), pl.col("tf") * 0.99, pl.col("tf") * 1.01, rate=True)
+    assert d.select(low.alias("low"), high.alias("high")).row(0) == (
+        pytest.approx(500 / 1.05),
+        pytest.approx(500 / 0.95),
+    )
+    with pytest.raises(ValueError, match=r"p95 1.2: allowed: a fraction in \[0, 1\)"):
+        leases.rerun_interval(1.2, pl.col("m"), pl.col("lo"), pl.col("hi"))
