@@ -17,7 +17,8 @@
 # 3. `longca run` measures them, one process per visible GPU (`--shard g/N`), stopped by SIGTERM
 #    (the chunk supervisor ends its workers and records nothing half-written) when time is up.
 # 4. OUTDIR gets <name>.parquet (the committed rows plus this call's), logs.tar.gz, env.txt and
-#    the two caches for the next call. With `--results DIR` among the run's arguments (a re-run
+#    the two caches for the next call, and draws.tar.gz: the finished draws of cells stopped by the
+#    time limit (carry it as .draws/draws.tar.gz; the next call measures only their other draws). With `--results DIR` among the run's arguments (a re-run
 #    check into another folder), nothing is restored and <name>.parquet is that folder's aggregate. Copy <name>.parquet to results/<name>/all.parquet, commit,
 #    and call again until `longca plan SPEC --rows results/<name>/all.parquet` lists nothing to run.
 set -u
@@ -68,6 +69,8 @@ if [ -n "$agg" ] && [ -f "$agg" ] && ! PYTHONPATH=$PWD:$host_tmp/site python3 -m
   exit 3
 fi
 [ -f "$logs/unpack.log" ] && tail -n 1 "$logs/unpack.log"
+# the finished draws of cells an earlier call stopped inside (OUTDIR/draws.tar.gz of that call)
+[ -n "$agg" ] && [ -f .draws/draws.tar.gz ] && tar xzf .draws/draws.tar.gz && echo "draws of unfinished cells restored"
 wait "$unpacking"
 # every process below imports the carried packages: the wheels' site and each bundle (with CuTe
 # DSL's dsl_packages, since .pth files are not read from PYTHONPATH)
@@ -111,6 +114,12 @@ keep=(); [ -n "$agg" ] && [ -f "$agg" ] && keep=(--keep "$agg")
 python3 -m longca.cli aggregate --spec "$spec" --results "$results_dir" --present-only "${keep[@]}" \
   --out "$out/$name.parquet" > "$logs/aggregate.log" 2>&1
 python3 -m longca.cli plan "$spec" --rows "$out/$name.parquet" > "$out/plan.txt" 2>&1
+# draws finished inside cells the time limit stopped (longca/store/draws.py): the next call's .draws/
+find "$results_dir/$name/cells" -name 'cell-*.draw-*.partial' 2>/dev/null | while read -r d; do
+  [ -f "${d%.draw-*}.parquet" ] || echo "$d"  # a written cell needs its draws no more
+done > "$logs/draws.txt"
+[ -s "$logs/draws.txt" ] && tar -czf "$out/draws.tar.gz" -T "$logs/draws.txt" \
+  && echo "gpu-host: $(wc -l < "$logs/draws.txt") finished draws of unfinished cells in draws.tar.gz"
 tar -C "$logs" -czf "$out/logs.tar.gz" .
 tar -C "$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR" -cJf "$out/fa4-cache.tar.xz" . 2>/dev/null
 tar -C "$TRITON_CACHE_DIR" -czf "$out/triton-autotune.tar.gz" . 2>/dev/null

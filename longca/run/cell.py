@@ -10,6 +10,7 @@ import json
 import time
 import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -39,6 +40,7 @@ from longca.run.agreement import agreement_applies, compare
 from longca.run.check import check_columns, check_verdict
 from longca.run.rows import base_row, classify, gate_peak, mask_columns, softmax_flops, status_row, timing_columns
 from longca.spec.cells import Cell
+from longca.store.draws import load_draw, save_draw
 from longca.vocab import Pass, Status
 
 # The last masks built, for the next cell of the same problem (a sweep runs a problem's fwd and bwd
@@ -454,9 +456,14 @@ def _measure_sample(
     return row
 
 
-def run_cell(cell: Cell, caches: CellCaches | None = None) -> list[dict[str, Any]]:
+def run_cell(
+    cell: Cell, caches: CellCaches | None = None, keep_draws: str | Path | None = None
+) -> list[dict[str, Any]]:
     """All rows of one cell (one per mask sample), never raising for the cell's own failures.
     `caches`: what earlier cells of this process left for this one (none: a fresh start).
+    `keep_draws`: the cell's file; each finished draw of a sampled mask is kept beside it
+    (longca.store.draws) and a draw an earlier, stopped run kept is taken as it is, not measured
+    again. Its row keeps its own run, time and clocks; `cell_wall_s` adds the wall that draw took.
 
     Rows whose key `_fatal` is true ask the caller to restart the process (a CUDA error leaves the
     context unusable).
@@ -475,7 +482,7 @@ def run_cell(cell: Cell, caches: CellCaches | None = None) -> list[dict[str, Any
         return [status_row(cell, "unsupported", reason)]
     rows: list[dict[str, Any]] = []
     check = None
-    t_check, check_s, failed = None, 0.0, None
+    t_check, check_s, failed, earlier_s = None, 0.0, None, 0.0
     try:
         if cell.check_dict.get("enabled", True):
             t_check = time.perf_counter()
@@ -486,11 +493,20 @@ def run_cell(cell: Cell, caches: CellCaches | None = None) -> list[dict[str, Any
         if failed:  # an incorrect cell keeps its wall and check time like any other
             rows = [status_row(cell, Status.INCORRECT, failed, **check_columns(check))]
         else:
+            t_draw = t_cell
             for sample in range(cell.samples):
+                kept = load_draw(keep_draws, sample) if keep_draws and cell.samples > 1 else None
+                if kept is not None:
+                    earlier_s += kept["cell_wall_s"] or 0.0
+                    rows.append(kept)
+                    continue
                 row = base_row(cell)
                 row.update(_measure_sample(cell, device, sample, check, caches))
                 gate_peak(row, device)
                 rows.append(row)
+                if keep_draws and cell.samples > 1:  # the wall of this draw alone, to add up on resume
+                    save_draw(keep_draws, sample, {**row, "cell_wall_s": time.perf_counter() - t_draw})
+                t_draw = time.perf_counter()
     except BaseException as exc:  # noqa: BLE001 - every failure of the cell becomes its row
         if isinstance(exc, KeyboardInterrupt):
             raise
@@ -506,7 +522,7 @@ def run_cell(cell: Cell, caches: CellCaches | None = None) -> list[dict[str, Any
     finally:
         if device.type == "cuda" and rows and rows[0]["status"] != "ok":
             torch.cuda.empty_cache()  # after an OOM or error, give the next cell a clean pool
-    wall = time.perf_counter() - t_cell
+    wall = time.perf_counter() - t_cell + earlier_s
     for r in rows:
         r["cell_wall_s"] = wall
         r["check_s"] = check_s  # one check per cell: every row carries it, count it once per cell

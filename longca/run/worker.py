@@ -28,6 +28,7 @@ def main(argv: list[str]) -> int:
     from longca.run.cell import CellCaches, run_cell
     from longca.run.rows import summarize
     from longca.spec.cells import Cell
+    from longca.store.draws import clear_draws
     from longca.store.write import write_rows
 
     # FlashAttention-4 compiles each configuration on first use; its on-disk cache lets every
@@ -45,8 +46,9 @@ def main(argv: list[str]) -> int:
             continue
         cell = Cell.from_json(cell_json)
         status.write(f"START {i}\n")
-        rows = run_cell(cell, caches)
+        rows = run_cell(cell, caches, keep_draws=path)  # a stopped run's finished draws are kept
         write_rows(path, rows)
+        clear_draws(path)
         kernel_s += sum(r.get("_kernel_s", 0.0) for r in rows)
         print(f"[longca] {cell.id}: {summarize(rows)}", file=sys.stderr, flush=True)
         status.write(f"DONE {i} {kernel_s:.6f} {time.perf_counter() - t0:.6f}\n")

@@ -117,7 +117,12 @@ _FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("graph_reason", pa.string(), "why a cell that asked for graph replay has none (since v5)"),
     ("mask_build_s", pa.float64(), "mask construction, outside kernel time"),
     ("compile_s", pa.float64(), "first warm-up call beyond a steady one (compilation, autotune), outside kernel time"),
-    ("cell_wall_s", pa.float64(), "wall time of the whole cell"),
+    (
+        "cell_wall_s",
+        pa.float64(),
+        "wall time of the whole cell (of a cell finished across runs: the finishing run's, plus the walls "
+        "of the draws earlier runs kept)",
+    ),
     (
         "check_s",
         pa.float64(),

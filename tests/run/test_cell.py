@@ -463,3 +463,48 @@ def test_graph_replay_skips_calls_longer_than_graph_below_ms(monkeypatch):
     assert row["graph_reason"].startswith("eager median ") and row["graph_reason"].endswith(
         ">= repeat.graph_below_ms 1e-06: launch time is negligible"
     )
+
+
+def test_a_stopped_cell_keeps_its_finished_draws_and_the_next_run_measures_only_the_rest(tmp_path, monkeypatch):
+    """A run stopped inside a cell of a sampled mask (here: interrupted while measuring its second
+    draw) keeps the first draw's row beside the cell file; the next run takes that row as it is and
+    measures only the second, and its wall adds the first draw's."""
+    import longca.run.cell as cell_mod
+    from longca.store.draws import clear_draws, draw_file
+
+    cell = next(c for c in expand(spec("[naive]", masks="[causal_document]", passes="[fwd]")) if c.samples == 2)
+    out = tmp_path / "cell-x.parquet"
+    measure = cell_mod._measure_sample
+
+    def stopped_at_the_second_draw(c, device, sample, check, caches):
+        if sample == 1:
+            raise KeyboardInterrupt  # the run stops here (a worker is killed: nothing after this runs)
+        return measure(c, device, sample, check, caches)
+
+    monkeypatch.setattr(cell_mod, "_measure_sample", stopped_at_the_second_draw)
+    with pytest.raises(KeyboardInterrupt):
+        run_cell(cell, keep_draws=out)
+    assert draw_file(out, 0).is_file() and not draw_file(out, 1).exists() and not out.exists()
+    assert not draw_file(out, 0).name.endswith(".parquet")  # never read as a cell's rows
+
+    measured: list[int] = []
+
+    def counting(c, device, sample, check, caches):
+        measured.append(sample)
+        return measure(c, device, sample, check, caches)
+
+    monkeypatch.setattr(cell_mod, "_measure_sample", counting)
+    rows = run_cell(cell, keep_draws=out)
+    assert measured == [1]  # the first draw is not measured again
+    assert [r["mask_sample"] for r in rows] == [0, 1] and {r["status"] for r in rows} == {"ok"}
+    first = cell_mod.load_draw(out, 0)
+    assert rows[0]["timestamp"] == first["timestamp"] and rows[0]["samples_ms"] == first["samples_ms"]
+    assert rows[0]["cell_wall_s"] == rows[1]["cell_wall_s"] > first["cell_wall_s"]  # the draws' walls add up
+    clear_draws(out)
+    assert not list(tmp_path.iterdir())
+    # without keep_draws (or for a cell of one draw) nothing is written beside the cell
+    monkeypatch.setattr(cell_mod, "_measure_sample", measure)
+    run_cell(cell)
+    single = next(c for c in expand(spec("[naive]", passes="[fwd]")) if c.samples == 1)
+    run_cell(single, keep_draws=out)
+    assert not list(tmp_path.iterdir())

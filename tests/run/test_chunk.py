@@ -1,5 +1,7 @@
 """Fault isolation: crashes, hangs, exceptions and OOMs in one cell never cost another cell."""
 
+from pathlib import Path
+
 import pyarrow.parquet as pq
 
 from longca.run.chunk import run_chunk
@@ -65,3 +67,27 @@ def test_stopped_chunk_streams_the_worker_log(tmp_path, plugin_env, stopped_chun
     assert code == 128 + signal.SIGTERM
     # The worker never ended, yet its line for the finished cell reached the chunk's stderr.
     assert f"[longca] {cells[0].id}: ok" in err
+
+
+def test_a_worker_takes_the_draws_a_stopped_run_kept_and_removes_them_with_the_cell_written(tmp_path):
+    from longca.run.cell import run_cell
+    from longca.store.draws import SUFFIX, save_draw
+
+    path = tmp_path / "draws.yaml"
+    path.write_text(
+        SPEC.replace("kernels: [naive, test_raise, test_oom, test_hang, test_segfault]", "kernels: [naive]")
+        .replace("masks: [full]", "masks: [causal_document]")
+        .replace("timeout_s: 4", "timeout_s: 120\nmask_samples: {multi_document: 2, single: 1}")
+    )
+    spec = load_spec(path)
+    (cell,) = expand(spec)
+    assert cell.samples == 2
+    out = Path(cell.output(tmp_path / "results"))
+    # draw 0 as a stopped run kept it (its samples marked, so the cell file shows which row it is)
+    kept = dict(run_cell(cell)[0], samples_ms=[123.0], median_ms=123.0)
+    save_draw(out, 0, kept)
+    run_chunk(spec, [str(out)], str(tmp_path / "results"))
+    rows = sorted(pq.read_table(out).to_pylist(), key=lambda r: r["mask_sample"])
+    assert [r["mask_sample"] for r in rows] == [0, 1] and {r["status"] for r in rows} == {"ok"}
+    assert rows[0]["samples_ms"] == [123.0] and rows[1]["samples_ms"] != [123.0]
+    assert not list(out.parent.glob(f"*{SUFFIX}"))  # the cell is written: its draw files are gone

@@ -97,3 +97,27 @@ def test_a_run_into_another_folder_returns_that_folders_aggregate(tmp_path: Path
     assert set(table.column("kernel").to_pylist()) == {"naive"}
     assert set(table.column("seqlen_q").to_pylist()) == {256}
     assert len(set(table.column("cell_digest").to_pylist())) == 2
+
+
+def test_finished_draws_of_unfinished_cells_travel_to_the_next_call(tmp_path: Path) -> None:
+    # A call stopped inside a cell of a sampled mask returns that cell's finished draws; the next
+    # call, carrying them as .draws/draws.tar.gz, restores them so the cell measures only the rest.
+    # Draws of a cell whose file is written are not returned.
+    import tarfile
+
+    work, out = _tree(tmp_path, unreadable_aggregate=False), tmp_path / "out"
+    cells = Path("results/default/cells/kernel=naive")
+    staged = tmp_path / "staged"
+    (staged / cells).mkdir(parents=True)
+    for name in ("cell-aaa.draw-0.partial", "cell-bbb.draw-1.partial"):
+        (staged / cells / name).write_bytes(b"a draw's row")
+    (work / cells).mkdir(parents=True)
+    (work / cells / "cell-bbb.parquet").write_bytes(b"a written cell")
+    (work / ".draws").mkdir()
+    with tarfile.open(work / ".draws" / "draws.tar.gz", "w:gz") as tar:
+        tar.add(staged / "results", arcname="results")
+    done = _call(work, out, 45)  # no time for cells: restore, then return
+    assert done.returncode == 0, done.stderr
+    assert (work / cells / "cell-aaa.draw-0.partial").read_bytes() == b"a draw's row"
+    with tarfile.open(out / "draws.tar.gz") as tar:
+        assert tar.getnames() == [str(cells / "cell-aaa.draw-0.partial")]
