@@ -32,6 +32,7 @@ def _plan(args: argparse.Namespace) -> int:
     from longca.run.plan import plan_jobs
     from longca.spec.load import load_spec
     from longca.spec.select import check_selection, selector
+    from longca.store.draws import kept_draws
 
     spec = load_spec(args.spec)
     cells, jobs = plan_jobs(spec, args.results)
@@ -51,6 +52,12 @@ def _plan(args: argparse.Namespace) -> int:
         f"in {len(pending_jobs)} job(s) {dict(collections.Counter(j.kind for j in pending_jobs))}"
     )
     print(_table(chosen, kind_of))
+    kept = {d: n for d, n in kept_draws(args.results, spec.name).items() if d in kind_of}
+    if kept:
+        print(
+            f"{len(kept)} of the cells to run have {sum(kept.values())} draws kept from a run stopped inside "
+            "them: they measure only their other draws"
+        )
     stale = _refused_but_allowed(chosen, kind_of, refused, args.results)
     if stale:
         print(

@@ -50,3 +50,13 @@ def clear_draws(cell_file: str | Path) -> None:
     p = Path(cell_file)
     for f in p.parent.glob(f"{p.stem}.draw-*{SUFFIX}"):
         f.unlink(missing_ok=True)
+
+
+def kept_draws(results_dir: str | Path, spec_name: str) -> dict[str, int]:
+    """Per cell digest, how many finished draws are kept for it under `results_dir`/`spec_name`."""
+    import collections
+
+    counts: collections.Counter[str] = collections.Counter()
+    for f in (Path(results_dir) / spec_name / "cells").rglob(f"cell-*.draw-*{SUFFIX}"):
+        counts[f.name[len("cell-") : f.name.index(".draw-")]] += 1
+    return dict(counts)

@@ -98,3 +98,19 @@ def test_done_cells_refused_although_the_capabilities_allow_them_are_named(tmp_p
     write_rows(cells[0].output(tmp_path / "res"), [status_row(cells[0], "unsupported", "an older capability")])
     assert main(["plan", SPEC, "--results", str(tmp_path / "res"), "--sweep", "dense", "--only", "kernel=naive"]) == 0
     assert "1 done cells are recorded `unsupported`" in capsys.readouterr().out
+
+
+def test_cells_with_draws_kept_from_a_stopped_run_are_counted(tmp_path: Path, capsys) -> None:
+    from longca.store.draws import save_draw
+
+    cells = [c for c in expand(load_spec(SPEC)) if c.sweep == "dense" and c.kernel == "naive"]
+    res = tmp_path / "res"
+    args = ["plan", SPEC, "--results", str(res), "--sweep", "dense", "--only", "kernel=naive"]
+    assert main(args) == 0
+    assert "draws kept" not in capsys.readouterr().out
+    for sample in (0, 1):  # two draws of one cell, one of another
+        save_draw(cells[0].output(res), sample, status_row(cells[0], "ok", None))
+    save_draw(cells[1].output(res), 0, status_row(cells[1], "ok", None))
+    write_rows(cells[1].output(res), [status_row(cells[1], "ok", None)])  # written: no longer to run
+    assert main(args) == 0
+    assert "1 of the cells to run have 2 draws kept from a run stopped inside them" in capsys.readouterr().out
