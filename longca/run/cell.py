@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -457,13 +458,18 @@ def _measure_sample(
 
 
 def run_cell(
-    cell: Cell, caches: CellCaches | None = None, keep_draws: str | Path | None = None
+    cell: Cell,
+    caches: CellCaches | None = None,
+    keep_draws: str | Path | None = None,
+    on_draw: Callable[[int], None] | None = None,
 ) -> list[dict[str, Any]]:
     """All rows of one cell (one per mask sample), never raising for the cell's own failures.
     `caches`: what earlier cells of this process left for this one (none: a fresh start).
     `keep_draws`: the cell's file; each finished draw of a sampled mask is kept beside it
     (longca.store.draws) and a draw an earlier, stopped run kept is taken as it is, not measured
     again. Its row keeps its own run, time and clocks; `cell_wall_s` adds the wall that draw took.
+    `on_draw(k)`: called when draw k is measured (the worker tells its supervisor, whose time limit
+    then starts again: `timeout_s` bounds one draw of a sampled mask, not all of them).
 
     Rows whose key `_fatal` is true ask the caller to restart the process (a CUDA error leaves the
     context unusable).
@@ -506,6 +512,8 @@ def run_cell(
                 rows.append(row)
                 if keep_draws and cell.samples > 1:  # the wall of this draw alone, to add up on resume
                     save_draw(keep_draws, sample, {**row, "cell_wall_s": time.perf_counter() - t_draw})
+                if on_draw is not None:
+                    on_draw(sample)
                 t_draw = time.perf_counter()
     except BaseException as exc:  # noqa: BLE001 - every failure of the cell becomes its row
         if isinstance(exc, KeyboardInterrupt):

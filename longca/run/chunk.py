@@ -228,7 +228,11 @@ def run_device_cells(cells: list[Cell], outputs: list[str], workdir: Path) -> di
                         outputs[idx],
                         [
                             status_row(
-                                cell, "timeout", f"exceeded the cell time limit of {cell.timeout_s:g} s; worker killed"
+                                cell,
+                                "timeout",
+                                f"exceeded the cell time limit of {cell.timeout_s:g} s"
+                                + (" (a draw of its mask)" if cell.samples > 1 else "")
+                                + "; worker killed",
                             )
                         ],
                     )
@@ -271,6 +275,9 @@ def run_device_cells(cells: list[Cell], outputs: list[str], workdir: Path) -> di
                 if parts[0] == "START":
                     current = int(parts[1])
                     deadline = time.monotonic() + cells[current].timeout_s + (GRACE_S if current == start else 0)
+                elif parts[0] == "DRAW" and current is not None:
+                    # a finished draw is progress: the limit bounds one draw of a sampled mask
+                    deadline = max(deadline, time.monotonic() + cells[current].timeout_s)
                 elif parts[0] == "DONE":
                     finished_through = int(parts[1])
                     stats["kernel_s_worker"] = float(parts[2])

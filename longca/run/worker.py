@@ -4,8 +4,9 @@ Started by longca.run.chunk, which owns the clock: it kills a worker whose cell 
 limit and restarts a fresh one for the remaining cells; a crash (segfault, abort) loses only the
 cell that was running, which the supervisor records as an `error` row.
 
-Protocol on the status pipe, one line each: `START <i>` before cell i, `DONE <i>` after its file is
-written. Exit code 3 asks for a restart (the CUDA context is unusable after a CUDA error).
+Protocol on the status pipe, one line each: `START <i>` before cell i, `DRAW <i> <k>` after its
+draw k is measured, `DONE <i>` after its file is written. Exit code 3 asks for a restart (the CUDA
+context is unusable after a CUDA error).
 """
 
 from __future__ import annotations
@@ -46,7 +47,9 @@ def main(argv: list[str]) -> int:
             continue
         cell = Cell.from_json(cell_json)
         status.write(f"START {i}\n")
-        rows = run_cell(cell, caches, keep_draws=path)  # a stopped run's finished draws are kept
+        rows = run_cell(  # a stopped run's finished draws are kept; each finished draw resets the clock
+            cell, caches, keep_draws=path, on_draw=lambda k, i=i: status.write(f"DRAW {i} {k}\n")
+        )
         write_rows(path, rows)
         clear_draws(path)
         kernel_s += sum(r.get("_kernel_s", 0.0) for r in rows)

@@ -2,6 +2,7 @@
 
 Each fails in one way a real kernel can: wrong numbers (everywhere, or only beyond the check length), a crash, a hang, an exception, an
 out-of-memory error, or an impossible speed. The pipeline must turn each into the right row.
+One is right but slow (`test_slow`: 1.5 s a call), for time limits that must not fire.
 The hang and segfault kernels are CP per-rank kernels too, failing on rank 1 only, so rank 0 is left
 waiting in a collective, as when one GPU of a group fails.
 """
@@ -56,6 +57,8 @@ class Faulty:
                 os.kill(os.getpid(), signal.SIGSEGV)
             if mode == "hang" and q.shape[2] > 128:
                 time.sleep(3600)
+            if mode == "slow" and q.shape[2] > 128:
+                time.sleep(1.5)  # right, but every timed call takes 1.5 s: a long cell, not a hung one
             if mode == "raise" and q.shape[2] > 128:
                 raise RuntimeError("deliberate failure inside the kernel")
             if mode == "oom" and q.shape[2] > 128:
@@ -91,6 +94,6 @@ class FaultyRank(RankNaive):
         return super().fwd(q, k, v, sub)
 
 
-for _mode in ("wrong", "wrong_long", "segfault", "hang", "raise", "oom", "too_fast"):
+for _mode in ("wrong", "wrong_long", "segfault", "hang", "raise", "oom", "too_fast", "slow"):
     if f"test_{_mode}" not in KERNELS:
         register(Faulty(f"test_{_mode}", _mode))

@@ -91,3 +91,22 @@ def test_a_worker_takes_the_draws_a_stopped_run_kept_and_removes_them_with_the_c
     assert [r["mask_sample"] for r in rows] == [0, 1] and {r["status"] for r in rows} == {"ok"}
     assert rows[0]["samples_ms"] == [123.0] and rows[1]["samples_ms"] != [123.0]
     assert not list(out.parent.glob(f"*{SUFFIX}"))  # the cell is written: its draw files are gone
+
+
+def test_the_time_limit_bounds_one_draw_of_a_sampled_mask_not_the_whole_cell(tmp_path, plugin_env):
+    # Three draws of about 1.5 s each (one 1.5 s call) under a 3 s limit: every draw finishes inside it,
+    # the cell does not. A finished draw is progress, so the cell ends ok; a hung draw still times out.
+    path = tmp_path / "slow.yaml"
+    path.write_text(
+        SPEC.replace("kernels: [naive, test_raise, test_oom, test_hang, test_segfault]", "kernels: [naive, test_slow]")
+        .replace("masks: [full]", "masks: [causal_document]")
+        .replace("timeout_s: 4", "timeout_s: 3\nmask_samples: {multi_document: 3, single: 1}")
+    )
+    spec = load_spec(path)
+    # the slow cell second in its worker: the first cell's start-up allowance does not cover it
+    cells = sorted(expand(spec), key=lambda c: c.kernel == "test_slow")
+    outputs = [c.output(tmp_path / "results") for c in cells]
+    run_chunk(spec, outputs, str(tmp_path / "results"))
+    rows = pq.read_table(outputs[1]).to_pylist()
+    assert [r["status"] for r in rows] == ["ok"] * 3, rows[0]["reason"]
+    assert rows[0]["cell_wall_s"] > 3.0  # longer than the limit as a whole
