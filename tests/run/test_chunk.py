@@ -69,17 +69,22 @@ def test_stopped_chunk_streams_the_worker_log(tmp_path, plugin_env, stopped_chun
     assert f"[longca] {cells[0].id}: ok" in err
 
 
+def _sampled_spec(tmp_path, kernels: str, draws: int, timeout_s: float):
+    """SPEC on causal_document (a sampled mask) with `draws` draws, these kernels and time limit."""
+    path = tmp_path / "sampled.yaml"
+    path.write_text(
+        SPEC.replace("kernels: [naive, test_raise, test_oom, test_hang, test_segfault]", f"kernels: {kernels}")
+        .replace("masks: [full]", "masks: [causal_document]")
+        .replace("timeout_s: 4", f"timeout_s: {timeout_s}\nmask_samples: {{multi_document: {draws}, single: 1}}")
+    )
+    return load_spec(path)
+
+
 def test_a_worker_takes_the_draws_a_stopped_run_kept_and_removes_them_with_the_cell_written(tmp_path):
     from longca.run.cell import run_cell
     from longca.store.draws import SUFFIX, save_draw
 
-    path = tmp_path / "draws.yaml"
-    path.write_text(
-        SPEC.replace("kernels: [naive, test_raise, test_oom, test_hang, test_segfault]", "kernels: [naive]")
-        .replace("masks: [full]", "masks: [causal_document]")
-        .replace("timeout_s: 4", "timeout_s: 120\nmask_samples: {multi_document: 2, single: 1}")
-    )
-    spec = load_spec(path)
+    spec = _sampled_spec(tmp_path, "[naive]", draws=2, timeout_s=120)
     (cell,) = expand(spec)
     assert cell.samples == 2
     out = Path(cell.output(tmp_path / "results"))
@@ -95,14 +100,9 @@ def test_a_worker_takes_the_draws_a_stopped_run_kept_and_removes_them_with_the_c
 
 def test_the_time_limit_bounds_one_draw_of_a_sampled_mask_not_the_whole_cell(tmp_path, plugin_env):
     # Three draws of about 1.5 s each (one 1.5 s call) under a 3 s limit: every draw finishes inside it,
-    # the cell does not. A finished draw is progress, so the cell ends ok; a hung draw still times out.
-    path = tmp_path / "slow.yaml"
-    path.write_text(
-        SPEC.replace("kernels: [naive, test_raise, test_oom, test_hang, test_segfault]", "kernels: [naive, test_slow]")
-        .replace("masks: [full]", "masks: [causal_document]")
-        .replace("timeout_s: 4", "timeout_s: 3\nmask_samples: {multi_document: 3, single: 1}")
-    )
-    spec = load_spec(path)
+    # the cell does not. A finished draw is progress, so the cell ends ok (a hung call still times
+    # out: test_every_fault_ends_as_its_row).
+    spec = _sampled_spec(tmp_path, "[naive, test_slow]", draws=3, timeout_s=3)
     # the slow cell second in its worker: the first cell's start-up allowance does not cover it
     cells = sorted(expand(spec), key=lambda c: c.kernel == "test_slow")
     outputs = [c.output(tmp_path / "results") for c in cells]
