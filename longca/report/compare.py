@@ -112,8 +112,8 @@ def _files(path: Path) -> list[Path]:
     return [path]
 
 
-def load_side(path: str | Path) -> pl.DataFrame:
-    """The current rows of one result set (an aggregate, or a results folder), checked to be longca's."""
+def read_side(path: str | Path) -> pl.DataFrame:
+    """Every row of one result set (an aggregate, or a results folder), checked to be longca's."""
     files = _files(Path(path))
     if not files:
         raise ValueError(f"{path}: no Parquet files (expected an aggregate such as results/<spec>/all.parquet)")
@@ -128,7 +128,12 @@ def load_side(path: str | Path) -> pl.DataFrame:
             raise ValueError(
                 f"{f}: schema_version {newer} is newer than this longca reads ({SCHEMA_VERSION}); update longca"
             )
-    rows, _ = supersede(pl.from_arrow(read_tables(files)))
+    return pl.from_arrow(read_tables(files))
+
+
+def current(rows: pl.DataFrame) -> pl.DataFrame:
+    """A result set's latest measurement of each cell: what a comparison matches."""
+    rows, _ = supersede(rows)
     return rows.sort("timestamp", nulls_last=False).unique(subset=list(MATCH_ON), keep="last", maintain_order=True)
 
 
@@ -182,10 +187,11 @@ def compare(
     the base's cells in `reruns`, whether each new median is inside the base's re-run interval)."""
     if not 0 < threshold < 1:
         raise ValueError(f"--threshold {threshold}: allowed: a fraction between 0 and 1, e.g. 0.03")
-    a, b = load_side(base), load_side(new)
+    base_rows = read_side(base)
+    a, b = current(base_rows), current(read_side(new))
     keys = list(MATCH_ON)
     joined = a.join(b, on=keys, how="full", nulls_equal=True, suffix="_new", coalesce=True)
-    moves = _moves(base, reruns) if reruns else None
+    moves = _moves(base, base_rows, reruns) if reruns else None
     if moves is not None:
         low, high = rerun_interval(moves.p95, pl.col("median_ms"), pl.col("ci_low_ms"), pl.col("ci_high_ms"))
         joined = joined.with_columns(low.alias("rerun_low_ms"), high.alias("rerun_high_ms"))
@@ -261,12 +267,12 @@ def compare(
     return Comparison(records, summary, _environment(a, b))
 
 
-def _moves(base: str | Path, reruns: Sequence[str | Path]) -> BetweenRuns:
+def _moves(base: str | Path, base_rows: pl.DataFrame, reruns: Sequence[str | Path]) -> BetweenRuns:
     """The move between runs of the base's cells: its rows and the earlier runs in `reruns`."""
     for p in reruns:
         if not Path(p).is_file():
             raise ValueError(f"--reruns {p}: no such file (expected rows of earlier runs, e.g. reruns.parquet)")
-    moves = between_runs(pl.from_arrow(read_tables(_files(Path(base)))), pl.from_arrow(read_tables(list(reruns))))
+    moves = between_runs(base_rows, pl.from_arrow(read_tables(list(reruns))))
     if moves is None:
         raise ValueError(
             f"--reruns {', '.join(map(str, reruns))}: no cell of {base} is there from another run "
