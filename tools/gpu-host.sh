@@ -5,9 +5,10 @@
 #   bash tools/gpu-host.sh OUTDIR SPEC [LIMIT_S] [longca run arguments...]
 #   e.g. bash tools/gpu-host.sh "$OUT" specs/h200.yaml 540 --sweep dense --only seqlen=32K
 #
-# 1. Carried packages are unpacked: wheels in .whl/ (pip --target $TMPDIR/site, /tmp by default), every bundle
-#    .bundles/NAME.tar.xz (a packed site folder, e.g. FlashAttention-4's from ../shared/tools/pack-fa4.sh)
-#    into $TMPDIR/bundles/NAME on PYTHONPATH, FA4's compiled-kernel cache .fa4-cache/fa4-cache.tar.xz and
+# 1. Carried packages are unpacked: wheels in .whl/ (pip --target $TMPDIR/site, /tmp by default),
+#    every bundle .bundles/NAME.tar.xz (a packed site folder, e.g. FlashAttention-4's from
+#    ../shared/tools/pack-fa4.sh) into $TMPDIR/bundles/NAME on PYTHONPATH, FA4's compiled-kernel
+#    cache .fa4-cache/fa4-cache.tar.xz and
 #    Triton's autotune cache .triton-autotune/triton-autotune.tar.gz (what an earlier call returned),
 #    each only when present. With LONGCA_GPU_TESTS="tests/... -k ...", those tests run first
 #    (pytest, log in OUTDIR/gpu-tests.log). With LONGCA_GPU_BENCH="benchmarks/X.py ARGS", that script
@@ -18,9 +19,11 @@
 #    (the chunk supervisor ends its workers and records nothing half-written) when time is up.
 # 4. OUTDIR gets <name>.parquet (the committed rows plus this call's), logs.tar.gz, env.txt and
 #    the two caches for the next call, and draws.tar.gz: the finished draws of cells stopped by the
-#    time limit (carry it as .draws/draws.tar.gz; the next call measures only their other draws). With `--results DIR` among the run's arguments (a re-run
-#    check into another folder), nothing is restored and <name>.parquet is that folder's aggregate. Copy <name>.parquet to results/<name>/all.parquet, commit,
-#    and call again until `longca plan SPEC --rows results/<name>/all.parquet` lists nothing to run.
+#    time limit (carry it as .draws/draws.tar.gz; the next call measures only their other draws).
+#    Copy <name>.parquet to results/<name>/all.parquet, commit, and call again until
+#    `longca plan SPEC --rows results/<name>/all.parquet` lists nothing to run. With `--results DIR`
+#    among the run's arguments (a re-run check into another folder), nothing is restored and
+#    <name>.parquet is that folder's aggregate.
 set -u
 out=${1:?usage: gpu-host.sh OUTDIR SPEC [LIMIT_S] [longca run arguments...]}
 spec=${2:?usage: gpu-host.sh OUTDIR SPEC [LIMIT_S] [longca run arguments...]}
@@ -60,8 +63,8 @@ for a in "$@"; do
   case $a in --results=*) results_dir=${a#--results=} ;; esac
   prev=$a
 done
-[ "$(realpath -m "$results_dir")" = "$(realpath -m results)" ] || agg=
-if [ -n "$agg" ] && [ -f "$agg" ] && ! PYTHONPATH=$PWD:$host_tmp/site python3 -m longca.cli unpack "$agg" >> "$logs/unpack.log" 2>&1; then
+restore=yes; [ "$(realpath -m "$results_dir")" = "$(realpath -m results)" ] || restore=no
+if [ "$restore" = yes ] && [ -f "$agg" ] && ! PYTHONPATH=$PWD:$host_tmp/site python3 -m longca.cli unpack "$agg" >> "$logs/unpack.log" 2>&1; then
   echo "gpu-host: unpacking $agg failed; nothing was measured:" >&2
   tail -n 5 "$logs/unpack.log" >&2
   cp "$logs/unpack.log" "$out/unpack.log"
@@ -70,7 +73,7 @@ if [ -n "$agg" ] && [ -f "$agg" ] && ! PYTHONPATH=$PWD:$host_tmp/site python3 -m
 fi
 [ -f "$logs/unpack.log" ] && tail -n 1 "$logs/unpack.log"
 # the finished draws of cells an earlier call stopped inside (OUTDIR/draws.tar.gz of that call)
-[ -n "$agg" ] && [ -f .draws/draws.tar.gz ] && tar xzf .draws/draws.tar.gz && echo "draws of unfinished cells restored"
+[ "$restore" = yes ] && [ -f .draws/draws.tar.gz ] && tar xzf .draws/draws.tar.gz && echo "draws of unfinished cells restored"
 wait "$unpacking"
 # every process below imports the carried packages: the wheels' site and each bundle (with CuTe
 # DSL's dsl_packages, since .pth files are not read from PYTHONPATH)
@@ -110,7 +113,7 @@ if [ "$left" -gt 10 ]; then
 fi
 
 # 4. what comes back
-keep=(); [ -n "$agg" ] && [ -f "$agg" ] && keep=(--keep "$agg")
+keep=(); [ "$restore" = yes ] && [ -f "$agg" ] && keep=(--keep "$agg")
 python3 -m longca.cli aggregate --spec "$spec" --results "$results_dir" --present-only "${keep[@]}" \
   --out "$out/$name.parquet" > "$logs/aggregate.log" 2>&1
 python3 -m longca.cli plan "$spec" --rows "$out/$name.parquet" > "$out/plan.txt" 2>&1
