@@ -66,6 +66,22 @@ def stopped_chunk(tmp_path):
     return run
 
 
+def _copy_workflow(dest: Path) -> Path:
+    """The files a README command reads (Snakefile, workflow, profiles, specs) copied into a new
+    folder `dest`, so that the command writes there, not into the repository."""
+    dest.mkdir(parents=True)
+    for name in ("Snakefile", "workflow", "profiles", "specs"):
+        src = ROOT / name
+        shutil.copytree(src, dest / name) if src.is_dir() else shutil.copy(src, dest / name)
+    return dest
+
+
+@pytest.fixture(scope="session")
+def copy_workflow():
+    """`_copy_workflow` for test modules (which cannot import this file)."""
+    return _copy_workflow
+
+
 @pytest.fixture(scope="session")
 def default_local_run(tmp_path_factory):
     """The README's first command after its installs, `snakemake --cores 2` (the embedded default
@@ -75,11 +91,7 @@ def default_local_run(tmp_path_factory):
     spec with these rows. About 85 s of two cores, so it runs once."""
     import subprocess
 
-    work = tmp_path_factory.mktemp("default-run") / "repo"
-    work.mkdir()
-    for name in ("Snakefile", "workflow", "profiles", "specs"):
-        src = ROOT / name
-        shutil.copytree(src, work / name) if src.is_dir() else shutil.copy(src, work / name)
+    work = _copy_workflow(tmp_path_factory.mktemp("default-run") / "repo")
     proc = subprocess.run(
         [sys.executable, "-m", "snakemake", "--cores", "2"], cwd=work, capture_output=True, text=True, timeout=1200
     )

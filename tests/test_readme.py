@@ -87,20 +87,17 @@ def _longca(*args: str, cwd: Path = ROOT, env: dict | None = None) -> subprocess
     )
 
 
-def _copy_repo_for_run(dest: Path) -> Path:
-    """The files a README command reads, so it writes into `dest`, not into the repository."""
-    dest.mkdir(parents=True)
-    for name in ("Snakefile", "workflow", "profiles", "specs"):
-        src = ROOT / name
-        shutil.copytree(src, dest / name) if src.is_dir() else shutil.copy(src, dest / name)
+def _copy_repo_for_run(copy_workflow, dest: Path) -> Path:
+    """The workflow (the `copy_workflow` fixture) and the published H200 rows the commands read."""
+    copy_workflow(dest)
     (dest / "results" / "h200").mkdir(parents=True)
     shutil.copy(ROOT / "results" / "h200" / "all.parquet", dest / "results" / "h200" / "all.parquet")
     return dest
 
 
 @pytest.mark.parametrize("cmd", [c for c, how in COMMANDS.items() if how == "run"])
-def test_commands_run_as_written(cmd: str, tmp_path: Path):
-    work = _copy_repo_for_run(tmp_path / "repo")
+def test_commands_run_as_written(cmd: str, tmp_path: Path, copy_workflow):
+    work = _copy_repo_for_run(copy_workflow, tmp_path / "repo")
     if "results/h200-workflow" in cmd:
         shutil.copytree(ROOT / "results" / "h200-workflow", work / "results" / "h200-workflow")
         cmd = cmd.replace("/tmp/cmp", str(tmp_path / "cmp"))
@@ -151,10 +148,10 @@ def test_compare_with_fail_on_is_a_ci_gate(tmp_path: Path):
 
 
 @pytest.mark.parametrize("cmd", [c for c, how in COMMANDS.items() if how == "run-cpu"])
-def test_run_commands_on_a_machine_without_the_gpu(cmd: str, tmp_path: Path):
+def test_run_commands_on_a_machine_without_the_gpu(cmd: str, tmp_path: Path, copy_workflow):
     # The spec's cells are CUDA cells: here every selected one ends as an `unsupported` row that says
     # why, without a GPU touched; --shard 0/2 is limited to one sweep to keep CI short.
-    work = _copy_repo_for_run(tmp_path / "repo")
+    work = _copy_repo_for_run(copy_workflow, tmp_path / "repo")
     argv = shlex.split(cmd)[1:]
     if "--shard" in argv:
         argv += ["--sweep", "shapes"]
@@ -170,12 +167,12 @@ def test_run_commands_on_a_machine_without_the_gpu(cmd: str, tmp_path: Path):
     assert set(rows.get_column("status")) == {"unsupported"}
 
 
-def test_snakemake_commands_plan_every_job(tmp_path: Path):
+def test_snakemake_commands_plan_every_job(tmp_path: Path, copy_workflow):
     # The dry runs build the DAG of 6144 cells, about 20 s of one core each: all three start at once,
     # each in its own copy of the workflow, and each must succeed on its own.
     procs = {}
     for i, cmd in enumerate(c for c, how in COMMANDS.items() if how == "dry"):
-        work = _copy_repo_for_run(tmp_path / f"repo{i}")
+        work = _copy_repo_for_run(copy_workflow, tmp_path / f"repo{i}")
         if "profiles/mycluster" in cmd:
             shutil.copytree(work / "profiles" / "slurm", work / "profiles" / "mycluster")
         argv = [sys.executable, "-m", *shlex.split(cmd), "--dry-run", "--quiet", "rules"]
