@@ -24,6 +24,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sweep", action="append", default=None, help="only these sweeps (repeatable)")
     p.add_argument("--only", action="append", default=[], metavar="KEY=VALUE", help=ONLY_HELP)
     p.add_argument("--json", action="store_true", help="print every selected cell as JSON lines")
+    p.add_argument(
+        "--rows-out",
+        metavar="PARQUET",
+        help="write the rows of the selected cells that the --rows aggregates hold to this file: what "
+        "a call on a size-capped GPU host carries so that it skips them (docs/gpu-host.md)",
+    )
     p.set_defaults(func=_plan)
 
 
@@ -42,6 +48,9 @@ def _plan(args: argparse.Namespace) -> int:
         for c in chosen:
             print(json.dumps({"id": c.id, "output": c.output(args.results), "unsupported": planned_unsupported(c)}))
         return 0
+    if args.rows_out:
+        n = _write_rows_of(args.rows, {c.digest for c in chosen}, args.rows_out)
+        print(f"{args.rows_out}: {n} rows of the selected cells from {', '.join(args.rows) or 'no --rows'}")
     recorded, refused = _digests(args.rows)
     wanted = {c.digest for c in chosen}
     kind_of = {c.digest: j.kind for j in jobs for c in j.cells if c.digest in wanted and c.digest not in recorded}
@@ -83,6 +92,22 @@ def _digests(paths: list[str]) -> tuple[set[str], set[str]]:
         if "status" in names:
             refused.update(d for d, s in zip(digests, table.column("status").to_pylist()) if s == "unsupported")
     return done, refused
+
+
+def _write_rows_of(paths: list[str], digests: set[str], out: str) -> int:
+    """Write the rows of these aggregates whose cell digest is in `digests` to `out` (the published
+    compression); returns how many. Only current digests pass, so no superseded row travels."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from longca.store.write import PUBLISHED_ZSTD_LEVEL, write_table
+
+    wanted = pa.array(sorted(digests), type=pa.string())
+    parts = [t.filter(pc.is_in(t["cell_digest"], value_set=wanted)) for t in map(pq.read_table, paths)]
+    table = pa.concat_tables(parts, promote_options="permissive") if parts else pa.table({"cell_digest": wanted[:0]})
+    write_table(out, table, level=PUBLISHED_ZSTD_LEVEL)
+    return table.num_rows
 
 
 def _refused_but_allowed(cells: list, kind_of: dict[str, str], refused: set[str], results: str) -> dict[str, int]:

@@ -114,3 +114,20 @@ def test_cells_with_draws_kept_from_a_stopped_run_are_counted(tmp_path: Path, ca
     write_rows(cells[1].output(res), [status_row(cells[1], "ok", None)])  # written: no longer to run
     assert main(args) == 0
     assert "1 of the cells to run have 2 draws kept from a run stopped inside them" in capsys.readouterr().out
+
+
+def test_rows_out_writes_only_the_rows_of_the_selected_current_cells(tmp_path: Path, capsys) -> None:
+    # What a size-capped device call carries: the rows of the cells it selects, never a superseded
+    # digest's rows nor another selection's, with every column kept.
+    cells = [c for c in expand(load_spec(SPEC)) if c.sweep == "dense"]
+    naive = [c for c in cells if c.kernel == "naive"][:3]
+    other = next(c for c in cells if c.kernel != "naive")
+    digests = [naive[0].digest, naive[0].digest, naive[1].digest, other.digest, "0123456789abcdef"]
+    agg = tmp_path / "all.parquet"
+    pq.write_table(pa.table({"cell_digest": digests, "median_ms": [1.0, 2.0, 3.0, 4.0, 5.0]}), agg)
+    out = tmp_path / "carry" / "all.parquet"
+    args = ["plan", SPEC, "--results", str(tmp_path / "none"), "--rows", str(agg), "--sweep", "dense"]
+    assert main([*args, "--only", "kernel=naive", "--rows-out", str(out)]) == 0
+    assert f"{out}: 3 rows of the selected cells from {agg}" in capsys.readouterr().out
+    carried = pq.read_table(out).to_pydict()
+    assert carried == {"cell_digest": digests[:3], "median_ms": [1.0, 2.0, 3.0]}
