@@ -48,11 +48,11 @@ def _plan(args: argparse.Namespace) -> int:
         for c in chosen:
             print(json.dumps({"id": c.id, "output": c.output(args.results), "unsupported": planned_unsupported(c)}))
         return 0
+    wanted = {c.digest for c in chosen}
     if args.rows_out:
-        n = _write_rows_of(args.rows, {c.digest for c in chosen}, args.rows_out)
+        n = _write_rows_of(args.rows, wanted, args.rows_out)
         print(f"{args.rows_out}: {n} rows of the selected cells from {', '.join(args.rows) or 'no --rows'}")
     recorded, refused = _digests(args.rows)
-    wanted = {c.digest for c in chosen}
     kind_of = {c.digest: j.kind for j in jobs for c in j.cells if c.digest in wanted and c.digest not in recorded}
     pending_jobs = [j for j in jobs if any(c.digest in kind_of for c in j.cells)]
     scope = "" if len(chosen) == len(cells) else f" ({len(chosen)} selected)"
