@@ -27,8 +27,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--rows-out",
         metavar="PARQUET",
-        help="write the rows of the selected cells that the --rows aggregates hold to this file: what "
-        "a call on a size-capped GPU host carries so that it skips them (docs/gpu-host.md)",
+        help="write the rows of the selected cells that the --rows aggregates hold to this file (a cell "
+        "several hold: the last one's rows): what a call on a size-capped GPU host carries so that it "
+        "skips them (docs/gpu-host.md)",
     )
     p.set_defaults(func=_plan)
 
@@ -96,16 +97,27 @@ def _digests(paths: list[str]) -> tuple[set[str], set[str]]:
 
 def _write_rows_of(paths: list[str], digests: set[str], out: str) -> int:
     """Write the rows of these aggregates whose cell digest is in `digests` to `out` (the published
-    compression); returns how many. Only current digests pass, so no superseded row travels."""
+    compression); returns how many. Only current digests pass, so no superseded row travels.
+
+    A cell's rows come from one aggregate only, the last given that holds it (a later call's
+    aggregate holds the cells an earlier one carried): rows of one cell from two aggregates would
+    be unpacked into one cell file twice over and aggregated as duplicates."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     from longca.store.write import PUBLISHED_ZSTD_LEVEL, write_table
 
-    wanted = pa.array(sorted(digests), type=pa.string())
-    parts = [t.filter(pc.is_in(t["cell_digest"], value_set=wanted)) for t in map(pq.read_table, paths)]
-    table = pa.concat_tables(parts, promote_options="permissive") if parts else pa.table({"cell_digest": wanted[:0]})
+    parts, left = [], set(digests)
+    for table in map(pq.read_table, reversed(paths)):
+        part = table.filter(pc.is_in(table["cell_digest"], value_set=pa.array(sorted(left), type=pa.string())))
+        left -= set(part.column("cell_digest").to_pylist())
+        parts.insert(0, part)
+    table = (
+        pa.concat_tables(parts, promote_options="permissive")
+        if parts
+        else pa.table({"cell_digest": pa.array([], pa.string())})
+    )
     write_table(out, table, level=PUBLISHED_ZSTD_LEVEL)
     return table.num_rows
 

@@ -131,3 +131,22 @@ def test_rows_out_writes_only_the_rows_of_the_selected_current_cells(tmp_path: P
     assert f"{out}: 3 rows of the selected cells from {agg}" in capsys.readouterr().out
     carried = pq.read_table(out).to_pydict()
     assert carried == {"cell_digest": digests[:3], "median_ms": [1.0, 2.0, 3.0]}
+
+
+def test_rows_out_takes_a_cell_held_by_two_aggregates_from_the_last_one(tmp_path: Path, capsys) -> None:
+    # A call continuing a selection carries the committed rows and the previous call's aggregate,
+    # which holds the cells the first call carried: each cell's rows must travel once, or the
+    # unpacked cell file and every aggregate after it hold them twice.
+    naive = [c for c in expand(load_spec(SPEC)) if c.sweep == "dense" and c.kernel == "naive"][:3]
+    a, b = naive[0].digest, naive[1].digest
+    published, call = tmp_path / "published.parquet", tmp_path / "call.parquet"
+    pq.write_table(pa.table({"cell_digest": [a, a, b], "median_ms": [1.0, 1.5, 2.0]}), published)
+    pq.write_table(pa.table({"cell_digest": [b, naive[2].digest], "median_ms": [2.5, 3.0]}), call)
+    out = tmp_path / "carry.parquet"
+    args = ["plan", SPEC, "--results", str(tmp_path / "none"), "--sweep", "dense", "--only", "kernel=naive"]
+    assert main([*args, "--rows", str(published), "--rows", str(call), "--rows-out", str(out)]) == 0
+    assert f"{out}: 4 rows of the selected cells" in capsys.readouterr().out
+    carried = pq.read_table(out).to_pydict()
+    assert sorted(zip(carried["cell_digest"], carried["median_ms"])) == sorted(
+        [(a, 1.0), (a, 1.5), (b, 2.5), (naive[2].digest, 3.0)]
+    )
