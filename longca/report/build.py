@@ -577,6 +577,20 @@ def _status_page(
     )
     _table_section(
         page,
+        "Timing intervals",
+        queries.intervals(rows),
+        ["spec", "sweep", "target", "rows", "full_range", "within", "share", "share_95", "met"],
+        "Per sweep and protocol target, over the drawn ok rows: how tight the distribution-free 95% "
+        "interval of each median is, on the drawn time (graph replay where captured, else eager). "
+        f"within: rows whose interval lies within +-{queries.INTERVAL_GOAL:.0%} of the median (a single "
+        "sample has no interval); share: of all rows; share_95: of the rows whose interval reaches 95% "
+        "coverage. full_range: rows of fewer than 6 samples (calls over 1 s stop at 3), whose interval "
+        "is their whole range and covers the median with 75% probability at 3 samples. met: rows that "
+        "reached their own target (the adaptive protocol's ci_target; target none: rows measured "
+        "before it).",
+    )
+    _table_section(
+        page,
         "GPU clocks",
         queries.clocks(timing_rows),
         [
@@ -641,11 +655,11 @@ def _member_table(members: list[dict]) -> Table:
 
 def _table_section(page: Page, title: str, df: pl.DataFrame, cols: list[str], text: str) -> None:
     """A heading, its explanation and the table, when the table has rows; columns after spec and
-    sweep are numbers except `reasons`."""
+    sweep are numbers except `reasons` and `target`."""
     if df.height:
         page.h2(title)
         page.p(text)
-        page.table(_table(df, cols, numeric=[c for c in cols if c not in ("spec", "sweep", "reasons")]))
+        page.table(_table(df, cols, numeric=[c for c in cols if c not in ("spec", "sweep", "reasons", "target")]))
 
 
 def _peers_page(peer: pl.DataFrame, path: Path | None) -> Page:

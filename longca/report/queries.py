@@ -709,6 +709,56 @@ def clocks(rows: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+INTERVAL_GOAL = 0.02  # a drawn time's 95% interval within +-2% of its median (docs/measurement.md)
+
+
+def intervals(rows: pl.DataFrame) -> pl.DataFrame:
+    """Per (spec, sweep, target): how tight the ok rows' timing intervals are, on the time the
+    charts draw (the graph replay's where there is one, else the eager call's). `target` is the
+    adaptive protocol's +-ci_target ("none" for rows measured before it). `full_range`: rows of
+    fewer than 6 eager samples (calls over 1 s stop at 3), whose interval is their whole range and
+    covers the median with less than 95% probability (75% at 3 samples; graph replays are of calls
+    under 20 ms and never stop that early); `within`: rows whose interval lies within
+    +-INTERVAL_GOAL of the median (a single sample has none), over all rows (`share`) and over those with a 95% interval
+    (`share_95`); `met`: rows that reached their own target (`ci_met`)."""
+    need = {"status", "median_ms", "samples_ms"}
+    if not need <= set(rows.columns):
+        return pl.DataFrame()
+    d = _with_sample_ci(rows.filter(pl.col("status") == "ok"))
+    for name in ("graph_median_ms", "graph_ci_low_ms", "graph_ci_high_ms", "ci_target", "ci_met"):
+        if name not in d.columns:
+            d = d.with_columns(pl.lit(None, pl.Float64 if name != "ci_met" else pl.Boolean).alias(name))
+    graph = pl.col("graph_median_ms").is_not_null()
+    med = pl.when(graph).then(pl.col("graph_median_ms")).otherwise(pl.col("median_ms"))
+    low = pl.when(graph).then(pl.col("graph_ci_low_ms")).otherwise(pl.col("ci_low_ms"))
+    high = pl.when(graph).then(pl.col("graph_ci_high_ms")).otherwise(pl.col("ci_high_ms"))
+    n = pl.col("samples_ms").list.len()
+    d = d.filter(low.is_not_null() & high.is_not_null()).with_columns(
+        # a single sample is no interval: never "within"
+        _half=pl.when(graph | (n > 1)).then(pl.max_horizontal(med - low, high - med) / med),
+        _full=~graph & (n < 6),
+        target=pl.when(pl.col("ci_target").is_null())
+        .then(pl.lit("none"))
+        .otherwise(pl.format("+-{}%", (pl.col("ci_target") * 100).round(2))),
+    )
+    if d.height == 0:
+        return pl.DataFrame()
+    within = (pl.col("_half") <= INTERVAL_GOAL).fill_null(False)
+    return (
+        d.group_by("spec", "sweep", "target")
+        .agg(
+            rows=pl.len(),
+            full_range=pl.col("_full").sum(),
+            within=within.sum(),
+            share=within.mean(),
+            share_95=within.filter(~pl.col("_full")).mean(),
+            met=pl.col("ci_met").sum(),
+        )
+        .with_columns(pl.col("share", "share_95").round(3))
+        .sort("spec", "sweep", "target")
+    )
+
+
 def cp_vs_single(c: pl.DataFrame) -> pl.DataFrame:
     """Each ok CP cell against the same kernel on one GPU of the same model with the same per-rank
     work: global length / world size tokens, same mask and mask variant, heads, head dim, dtype and

@@ -249,7 +249,9 @@ def test_status_page_tables_phases_from_new_rows_beside_old_files(tmp_path: Path
     pq.write_table(new, tmp_path / "new.parquet")
     build_report([tmp_path / "old.parquet", tmp_path / "new.parquet"], tmp_path / "site", png=False)
     status = (tmp_path / "site" / "status.html").read_text()
-    measured, phases = status.split("Where the cell wall time goes")
+    measured, rest = status.split("Where the cell wall time goes")
+    phases, intervals = rest.split("Timing intervals")
+    assert "old_sweep" in intervals and "new_sweep" in intervals  # every ok row has a timing
     assert "old_sweep" in measured and "new_sweep" in measured  # timed share: every cell with a wall
     assert "new_sweep" in phases and "old_sweep" not in phases  # phases: only rows that record them
     assert "check_share" in phases and "rest_share" in phases

@@ -560,6 +560,39 @@ def test_clocks_per_sweep_over_ok_rows_with_a_clock() -> None:
     assert out.row(0, named=True)["reasons"] == "" and out.row(0, named=True)["power_capped"] == 0
 
 
+def test_intervals_count_rows_within_2_percent_on_the_drawn_time_apart_from_full_ranges() -> None:
+    w = dict(spec="s", sweep="w", ci_target=0.01)
+    tight = [1.0 + 0.001 * i for i in range(20)]  # 20 samples: a 95% interval within +-1%
+    wide = [1.0 + 0.01 * i for i in range(20)]  # spread 19%: its interval is about +-6%
+    rows = [
+        _row(cell_id="tight", **w, samples_ms=tight, median_ms=1.0095, ci_met=True),
+        _row(cell_id="wide", **w, samples_ms=wide, median_ms=1.095, ci_met=False),
+        # eager wide, but the drawn time is the graph replay's, whose interval is tight
+        _row(
+            cell_id="graph",
+            **w,
+            samples_ms=wide,
+            median_ms=1.095,
+            graph_median_ms=0.5,
+            graph_ci_low_ms=0.499,
+            graph_ci_high_ms=0.502,
+            ci_met=False,
+        ),
+        # a call over 1 s stops at 3 samples: its interval is the whole range (75% coverage)
+        _row(cell_id="three", **w, samples_ms=[2000.0, 2010.0, 2020.0], median_ms=2010.0, ci_met=False),
+        _row(cell_id="failed", **w, status="error", samples_ms=tight),  # not ok: not counted
+        # an earlier protocol's single sample: no interval at all, never within
+        _row(cell_id="one", spec="s", sweep="w", samples_ms=[5.0], median_ms=5.0),
+    ]
+    out = queries.intervals(pl.from_arrow(to_table(rows)))
+    assert out.select("target", "rows", "full_range", "within", "met").rows() == [
+        ("+-1.0%", 4, 1, 3, 1),
+        ("none", 1, 1, 0, 0),
+    ]
+    adaptive = out.row(0, named=True)
+    assert adaptive["share"] == 0.75 and adaptive["share_95"] == pytest.approx(2 / 3, abs=1e-3)
+
+
 def test_cells_do_not_depend_on_the_order_of_the_rows() -> None:
     rows = pl.from_arrow(synthetic_table())
     shuffled = rows.sample(fraction=1.0, shuffle=True, seed=3)
