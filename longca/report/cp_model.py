@@ -53,7 +53,7 @@ def best_variants(model: pl.DataFrame) -> pl.DataFrame:
             series=pl.col("cp_mechanism"),
             label=pl.format("modelled ({})", pl.col("cp_variant")),
         )
-        .sort("panel", "series", "world_size")
+        .sort("panel", "series", "world_size", "pass", "sweep")  # a total order: the same chart every build
     )
 
 
@@ -62,7 +62,7 @@ def measured_points(cp_cells: pl.DataFrame, lines: pl.DataFrame) -> pl.DataFrame
     that mask (their tokens per GPU in the label)."""
     if cp_cells.is_empty() or lines.is_empty():
         return pl.DataFrame()
-    panels = lines.select("mask", "pass", "panel").unique()
+    panels = lines.select("mask", "pass", "panel").unique(maintain_order=True)
     return (
         cp_cells.filter(pl.col("cp_mechanism").is_not_null())
         .join(panels, on=["mask", "pass"])
@@ -75,6 +75,7 @@ def measured_points(cp_cells: pl.DataFrame, lines: pl.DataFrame) -> pl.DataFrame
                 (pl.col("seqlen_q") // pl.col("world_size")).map_elements(length_label, pl.String),
             ),
         )
+        .sort("panel", "series", "world_size", "pass", "seqlen_q", "cell_key")
     )
 
 

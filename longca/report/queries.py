@@ -552,15 +552,16 @@ def non_ok_groups(bad: pl.DataFrame) -> pl.DataFrame:
     return (
         keyed.group_by("status", "kernel", "_reason")
         .agg(
-            pl.col("reason").first().alias("reason"),
+            pl.col("reason").min().alias("reason"),  # an example; min, so that every build picks the same
             pl.col("cell_key").n_unique().alias("cells"),
             pl.col("rows").sum().alias("rows"),
             pl.col("mask").drop_nulls().unique().sort().str.join(", ").alias("masks"),
             pl.struct("mask", "pass", "seqlen_q", "shape", "world_size", "cp_mechanism", "machine", "cell_id")
-            .sort_by("mask", "pass", "seqlen_q", "shape")
+            .sort_by("mask", "pass", "seqlen_q", "shape", "cell_id")
             .alias("members"),
         )
-        .sort("status", "kernel", pl.col("cells"), descending=[False, False, True])
+        # the reason key breaks ties, so the page is the same on every build of the same rows
+        .sort("status", "kernel", "cells", "_reason", descending=[False, False, True, False])
         .drop("_reason")
     )
 
@@ -716,11 +717,11 @@ def intervals(rows: pl.DataFrame) -> pl.DataFrame:
     """Per (spec, sweep, target): how tight the ok rows' timing intervals are, on the time the
     charts draw (the graph replay's where there is one, else the eager call's). `target` is the
     adaptive protocol's +-ci_target ("none" for rows measured before it). `full_range`: rows of
-    fewer than 6 eager samples (calls over 1 s stop at 3), whose interval is their whole range and
-    covers the median with less than 95% probability (75% at 3 samples; graph replays are of calls
-    under 20 ms and never stop that early); `within`: rows whose interval lies within
-    +-INTERVAL_GOAL of the median (a single sample has none), over all rows (`share`) and over those with a 95% interval
-    (`share_95`); `met`: rows that reached their own target (`ci_met`)."""
+    fewer than 6 samples (calls over 1 s stop at 3; a graph replay's count is not stored, so a replay
+    of 1 s or more counts here), whose interval is their whole range and covers the median with
+    less than 95% probability (75% at 3 samples); `within`: rows whose interval lies within
+    +-INTERVAL_GOAL of the median (a single sample has none), over all rows (`share`) and over those
+    with a 95% interval (`share_95`); `met`: rows that reached their own target (`ci_met`)."""
     need = {"status", "median_ms", "samples_ms"}
     if not need <= set(rows.columns):
         return pl.DataFrame()
@@ -736,7 +737,7 @@ def intervals(rows: pl.DataFrame) -> pl.DataFrame:
     d = d.filter(low.is_not_null() & high.is_not_null()).with_columns(
         # a single sample is no interval: never "within"
         _half=pl.when(graph | (n > 1)).then(pl.max_horizontal(med - low, high - med) / med),
-        _full=~graph & (n < 6),
+        _full=pl.when(graph).then(pl.col("graph_median_ms") >= 1000.0).otherwise(n < 6),
         target=pl.when(pl.col("ci_target").is_null())
         .then(pl.lit("none"))
         .otherwise(pl.format("+-{}%", (pl.col("ci_target") * 100).round(2))),

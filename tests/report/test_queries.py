@@ -580,17 +580,46 @@ def test_intervals_count_rows_within_2_percent_on_the_drawn_time_apart_from_full
         ),
         # a call over 1 s stops at 3 samples: its interval is the whole range (75% coverage)
         _row(cell_id="three", **w, samples_ms=[2000.0, 2010.0, 2020.0], median_ms=2010.0, ci_met=False),
+        # a replay's sample count is not stored: one of 1 s or more may have stopped at 3
+        _row(
+            cell_id="slow_graph",
+            **w,
+            samples_ms=[1600.0] * 3,
+            median_ms=1600.0,
+            graph_median_ms=1500.0,
+            graph_ci_low_ms=1490.0,
+            graph_ci_high_ms=1510.0,
+            ci_met=False,
+        ),
         _row(cell_id="failed", **w, status="error", samples_ms=tight),  # not ok: not counted
         # an earlier protocol's single sample: no interval at all, never within
         _row(cell_id="one", spec="s", sweep="w", samples_ms=[5.0], median_ms=5.0),
     ]
     out = queries.intervals(pl.from_arrow(to_table(rows)))
     assert out.select("target", "rows", "full_range", "within", "met").rows() == [
-        ("+-1.0%", 4, 1, 3, 1),
+        ("+-1.0%", 5, 2, 4, 1),
         ("none", 1, 1, 0, 0),
     ]
     adaptive = out.row(0, named=True)
-    assert adaptive["share"] == 0.75 and adaptive["share_95"] == pytest.approx(2 / 3, abs=1e-3)
+    assert adaptive["share"] == 0.8 and adaptive["share_95"] == pytest.approx(2 / 3, abs=1e-3)
+
+
+def test_status_groups_do_not_depend_on_the_order_of_the_rows() -> None:
+    # two groups of one kernel with as many cells each, and cells alike but for their digests: the
+    # published Status page must not reorder them from one build to the next
+    rows = [
+        _row(status="unsupported", reason=reason, s=s, cell_id=f"k/full/{s}/fwd@{reason[:1]}{i}")
+        for reason in ("a not installed", "b refused")
+        for i, s in enumerate((1024, 1024, 2048))
+    ]
+    frame = pl.from_arrow(to_table(rows))
+    orders = []
+    for seed in (1, 2, 3):
+        shuffled = frame.sample(fraction=1.0, shuffle=True, seed=seed)
+        groups = queries.non_ok_groups(queries.non_ok(shuffled, queries.cells(shuffled)))
+        orders.append(groups.select("reason", "members").rows())
+    assert orders[0] == orders[1] == orders[2]
+    assert [r for r, _ in orders[0]] == ["a not installed", "b refused"]
 
 
 def test_cells_do_not_depend_on_the_order_of_the_rows() -> None:
