@@ -17,6 +17,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 LEVEL = 0.95
+# Calls at least this long stop at 3 samples under the adaptive protocol (longca.measure.timer),
+# too few for any pair to reach LEVEL: their interval is the full range.
+LONG_CALL_MS = 1000.0
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from longca.measure.stats import MedianCI, median_ci, min_samples
+from longca.measure.stats import LONG_CALL_MS, MedianCI, median_ci, min_samples
 
 L2_FLUSH_BYTES = 256 * 1024 * 1024  # larger than any current GPU's L2 (H200: 60 MB)
 # Suffix of a row's `timer` when its backward samples all ran on one forward's retained graph
@@ -196,7 +196,7 @@ class Timer:
         """Timed calls until the median's 95% interval is within +-ci_target (see `time`)."""
         if not 0 < ci_target < 1:
             raise ValueError(f"ci_target must be in (0, 1), got {ci_target!r}")
-        floor = max(min_iters, 3 if self._agree(first) >= 1000.0 else min_samples())
+        floor = max(min_iters, 3 if self._agree(first) >= LONG_CALL_MS else min_samples())
         samples = [first]
         batch = min(floor, iters) - 1
         while True:

@@ -654,12 +654,12 @@ def _member_table(members: list[dict]) -> Table:
 
 
 def _table_section(page: Page, title: str, df: pl.DataFrame, cols: list[str], text: str) -> None:
-    """A heading, its explanation and the table, when the table has rows; columns after spec and
-    sweep are numbers except `reasons` and `target`."""
+    """A heading, its explanation and the table, when the table has rows; the numeric columns (and
+    those all empty) are set as numbers."""
     if df.height:
         page.h2(title)
         page.p(text)
-        page.table(_table(df, cols, numeric=[c for c in cols if c not in ("spec", "sweep", "reasons", "target")]))
+        page.table(_table(df, cols, numeric=[c for c in cols if df.schema[c].is_numeric() or df.schema[c] == pl.Null]))
 
 
 def _peers_page(peer: pl.DataFrame, path: Path | None) -> Page:

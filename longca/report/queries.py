@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import polars as pl
 
-from longca.measure.stats import ranks
+from longca.measure.stats import LONG_CALL_MS, min_samples, ranks
 from longca.report.repro import selection_columns, with_selection_repro
 
 SPARSE_MASKS = ("block_sparse", "variable_block_sparse")
@@ -737,7 +737,7 @@ def intervals(rows: pl.DataFrame) -> pl.DataFrame:
     d = d.filter(low.is_not_null() & high.is_not_null()).with_columns(
         # a single sample is no interval: never "within"
         _half=pl.when(graph | (n > 1)).then(pl.max_horizontal(med - low, high - med) / med),
-        _full=pl.when(graph).then(pl.col("graph_median_ms") >= 1000.0).otherwise(n < 6),
+        _full=pl.when(graph).then(pl.col("graph_median_ms") >= LONG_CALL_MS).otherwise(n < min_samples()),
         target=pl.when(pl.col("ci_target").is_null())
         .then(pl.lit("none"))
         .otherwise(pl.format("+-{}%", (pl.col("ci_target") * 100).round(2))),
