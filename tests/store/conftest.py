@@ -1,6 +1,9 @@
 import sys
+from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # sibling helper modules (pytest runs in importlib mode)
 
 from longca.store.aggregate import aggregate
 

@@ -5,35 +5,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from store_rows import store_row
 
 from longca.store.aggregate import aggregate
 from longca.store.schema import SCHEMA
 from longca.store.write import write_rows
-
-
-def _row(cell: str, sweep: str = "w", kernel: str = "naive", seqlen: int = 8, sample: int = 0) -> dict:
-    return {
-        "spec": "s",
-        "sweep": sweep,
-        "cell_id": cell,
-        "cell_digest": cell,
-        "kernel": kernel,
-        "mask": "full",
-        "mask_variant": "default",
-        "pass": "fwd",
-        "seqlen_q": seqlen,
-        "seqlen_k": seqlen,
-        "batch": 1,
-        "heads_q": 1,
-        "heads_kv": 1,
-        "head_dim": 8,
-        "dtype": "float32",
-        "world_size": 1,
-        "status": "ok",
-        "median_ms": 1.0,
-        "samples_ms": [1.0, 2.0],
-        "mask_sample": sample,
-    }
 
 
 @pytest.fixture
@@ -43,7 +19,20 @@ def shuffled(tmp_path: Path) -> list[str]:
     files = []
     for i, (cell, sweep, kernel, seqlen, sample) in enumerate(specs):
         f = tmp_path / "cells" / f"{i}.parquet"
-        write_rows(f, [_row(cell, sweep, kernel, seqlen, sample)])
+        write_rows(
+            f,
+            [
+                store_row(
+                    cell,
+                    sweep=sweep,
+                    kernel=kernel,
+                    seqlen_q=seqlen,
+                    seqlen_k=seqlen,
+                    mask_sample=sample,
+                    samples_ms=[1.0, 2.0],
+                )
+            ],
+        )
         files.append(str(f))
     return files
 

@@ -3,37 +3,10 @@
 from pathlib import Path
 
 import pyarrow.parquet as pq
+from store_rows import store_row
 
 from longca.store.aggregate import aggregate, cell_path_of_row, unpack
 from longca.store.write import write_rows
-
-
-def _row(cell: str, sample: int = 0, **kw) -> dict:
-    row = {
-        "spec": "s",
-        "sweep": "w",
-        "cell_id": cell,
-        "cell_digest": cell,
-        "kernel": "naive",
-        "mask": "full",
-        "mask_variant": "default",
-        "pass": "fwd",
-        "seqlen_q": 8,
-        "seqlen_k": 8,
-        "batch": 1,
-        "heads_q": 1,
-        "heads_kv": 1,
-        "head_dim": 8,
-        "dtype": "float32",
-        "world_size": 1,
-        "status": "ok",
-        "median_ms": 1.0,
-        "samples_ms": [1.0],
-        "cell_wall_s": 1.0,
-        "mask_sample": sample,
-    }
-    row.update(kw)
-    return row
 
 
 def test_unpack_restores_every_cell_with_all_its_rows_and_keeps_sound_files(tmp_path: Path) -> None:
@@ -41,7 +14,7 @@ def test_unpack_restores_every_cell_with_all_its_rows_and_keeps_sound_files(tmp_
     src = tmp_path / "src"
     files = []
     for i, c in enumerate(cells):
-        rows = [_row(c, s, seqlen_q=8 * (i + 1), median_ms=float(i)) for s in range(1 + i % 3)]
+        rows = [store_row(c, mask_sample=s, seqlen_q=8 * (i + 1), median_ms=float(i)) for s in range(1 + i % 3)]
         path = cell_path_of_row(rows[0], src)
         write_rows(path, rows)
         files.append(str(path))
@@ -51,16 +24,16 @@ def test_unpack_restores_every_cell_with_all_its_rows_and_keeps_sound_files(tmp_
     out = tmp_path / "results"
     assert unpack(agg, out) == (40, 0)
     for i, c in enumerate(cells):
-        path = cell_path_of_row(_row(c, seqlen_q=8 * (i + 1)), out)
+        path = cell_path_of_row(store_row(c, seqlen_q=8 * (i + 1)), out)
         t = pq.read_table(path)
         assert t.num_rows == 1 + i % 3 and set(t.column("median_ms").to_pylist()) == {float(i)}
         # the very table the worker wrote: same rows in the same order, same schema and field docs
         assert t.equals(pq.read_table(files[i]), check_metadata=True)
 
     # a newer measurement in place is never overwritten; a damaged file is restored
-    newer = cell_path_of_row(_row("c000", seqlen_q=8), out)
-    write_rows(newer, [_row("c000", seqlen_q=8, median_ms=99.0)])
-    damaged = cell_path_of_row(_row("c001", seqlen_q=16), out)
+    newer = cell_path_of_row(store_row("c000", seqlen_q=8), out)
+    write_rows(newer, [store_row("c000", seqlen_q=8, median_ms=99.0)])
+    damaged = cell_path_of_row(store_row("c001", seqlen_q=16), out)
     damaged.write_bytes(damaged.read_bytes()[:50])
     assert unpack(agg, out) == (1, 39)
     assert pq.read_table(newer).column("median_ms").to_pylist() == [99.0]
@@ -73,8 +46,8 @@ def test_keep_rows_outside_appends_only_cells_the_new_table_lacks(tmp_path: Path
     def agg(name: str, cells: list[str], **kw) -> Path:
         files = []
         for c in cells:
-            path = cell_path_of_row(_row(c), tmp_path / name)
-            write_rows(path, [_row(c, **kw)])
+            path = cell_path_of_row(store_row(c), tmp_path / name)
+            write_rows(path, [store_row(c, **kw)])
             files.append(str(path))
         aggregate(files, tmp_path / f"{name}.parquet")
         return tmp_path / f"{name}.parquet"

@@ -5,6 +5,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from store_rows import store_row
 
 from longca.report.load import read_rows
 from longca.store.aggregate import aggregate, unpack
@@ -19,33 +20,6 @@ NEW_IN_5 = ("clock_window_mhz", "clock_window_min_mhz", "throttle_window", "grap
 NEW_IN_6 = ("agree_kernel", "agree_rel_diff", "agree_reason")
 ADDED = {2: NEW_IN_2, 3: NEW_IN_3, 4: NEW_IN_4, 5: NEW_IN_5, 6: NEW_IN_6}  # columns each schema version added
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _row(cell: str, **kw) -> dict:
-    row = {
-        "spec": "s",
-        "sweep": "w",
-        "cell_id": cell,
-        "cell_digest": cell,
-        "kernel": "naive",
-        "mask": "full",
-        "mask_variant": "default",
-        "pass": "fwd",
-        "seqlen_q": 8,
-        "seqlen_k": 8,
-        "batch": 1,
-        "heads_q": 1,
-        "heads_kv": 1,
-        "head_dim": 8,
-        "dtype": "float32",
-        "world_size": 1,
-        "status": "ok",
-        "median_ms": 1.0,
-        "samples_ms": [1.0, 1.0],
-        "cell_wall_s": 1.0,
-    }
-    row.update(kw)
-    return row
 
 
 def _write_old(path: Path, rows: list[dict], version: int) -> None:
@@ -63,17 +37,19 @@ def _write_old(path: Path, rows: list[dict], version: int) -> None:
 @pytest.fixture
 def mixed(tmp_path: Path) -> list[str]:
     v1, v2, v3, v4, v5, new = (tmp_path / "cells" / f"{n}.parquet" for n in ("v1", "v2", "v3", "v4", "v5", "new"))
-    _write_old(v1, [_row("a")], 1)
-    _write_old(v2, [_row("c", check_s=0.5, timer_wall_s=1.0, warmup_s=0.25)], 2)
-    _write_old(v3, [_row("d", check_s=0.5, timer_wall_s=1.0, warmup_s=0.25, cooldown_s=1.0)], 3)
-    _write_old(v4, [_row("e", cooldown_s=1.0, ci_low_ms=0.8, ci_high_ms=1.2, ci_target=0.02, ci_met=True)], 4)
+    _write_old(v1, [store_row("a")], 1)
+    _write_old(v2, [store_row("c", check_s=0.5, timer_wall_s=1.0, warmup_s=0.25)], 2)
+    _write_old(v3, [store_row("d", check_s=0.5, timer_wall_s=1.0, warmup_s=0.25, cooldown_s=1.0)], 3)
+    _write_old(v4, [store_row("e", cooldown_s=1.0, ci_low_ms=0.8, ci_high_ms=1.2, ci_target=0.02, ci_met=True)], 4)
     _write_old(
-        v5, [_row("f", ci_low_ms=0.8, ci_high_ms=1.2, clock_window_mhz=1900, graph_reason="no CUDA graphs on cpu")], 5
+        v5,
+        [store_row("f", ci_low_ms=0.8, ci_high_ms=1.2, clock_window_mhz=1900, graph_reason="no CUDA graphs on cpu")],
+        5,
     )
     write_rows(
         new,
         [
-            _row(
+            store_row(
                 "b",
                 check_s=0.25,
                 timer_wall_s=0.5,
@@ -170,7 +146,9 @@ def test_committed_results_of_older_schemas_still_read(tmp_path: Path) -> None:
     assert versions, "the committed results hold no older-schema rows"
     old = pa.concat_tables([table.filter(pc.equal(table["schema_version"], v)).slice(0, 20) for v in versions])
     pq.write_table(old, tmp_path / "old.parquet")
-    write_rows(tmp_path / "new.parquet", [_row("b", check_s=0.0, timer_wall_s=0.5, warmup_s=0.125, cooldown_s=0.0)])
+    write_rows(
+        tmp_path / "new.parquet", [store_row("b", check_s=0.0, timer_wall_s=0.5, warmup_s=0.125, cooldown_s=0.0)]
+    )
     files = [str(tmp_path / "old.parquet"), str(tmp_path / "new.parquet")]
     assert aggregate(files, tmp_path / "all.parquet") == old.num_rows + 1
     _, df = read_rows([tmp_path / "all.parquet"])
