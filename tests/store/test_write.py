@@ -1,27 +1,12 @@
 import pyarrow.parquet as pq
 import pytest
+from store_rows import store_row
 
 from longca.store.read import damage
 from longca.store.schema import COLUMNS, REQUIRED, SCHEMA_VERSION, to_table
 from longca.store.write import write_rows
 
-ROW = {
-    "kernel": "naive",
-    "mask": "full",
-    "pass": "fwd",
-    "seqlen_q": 8,
-    "seqlen_k": 8,
-    "batch": 1,
-    "heads_q": 1,
-    "heads_kv": 1,
-    "head_dim": 8,
-    "dtype": "float32",
-    "world_size": 1,
-    "status": "ok",
-    "median_ms": 1.0,
-    "samples_ms": [1.0, 1.1],
-    "mask_params": {"window": 3},
-}
+ROW = store_row("c", samples_ms=[1.0, 1.1], mask_params={"window": 3})
 
 
 def test_contract_columns_present():
