@@ -9,7 +9,7 @@ float32 references, first calls).
 
     python3 tools/sweep_projection.py --rows results/h200/all.parquet --sweep dense \
         --budgets 1 1.5 2 --caps 200 1000
-    python3 tools/sweep_projection.py --rows results/h200/all.parquet --spec specs/h200.yaml
+    python3 tools/sweep_projection.py --rows results/h200/all.parquet --spec specs/h200.yaml [--by-length]
 
 The spec projection replays the adaptive protocol (`repeat.ci_target`, longca.measure.timer) on each
 cell's committed samples, in their order: batches as large as the samples so far until the median's
@@ -22,7 +22,9 @@ per-row overhead; per cell its
 committed check and compile seconds; per sweep a fixed start-up. A row per mask draw of the spec.
 Cells the spec marks unsupported cost nothing; failed cells their committed wall (a timeout its
 limit); cells never measured the median projection of measured cells of the same sweep, length and
-pass (counted apart).
+pass (counted apart). Beside the whole spec it projects what is left: the cells no row of their
+current digest records yet (`cell_id`), so a re-measure under way can be planned call by call;
+`--by-length` splits each sweep by length (its start-up on a line of its own).
 """
 
 from __future__ import annotations
@@ -82,8 +84,12 @@ def adaptive_calls(samples_ms: list[float], target: float, min_iters: int, iters
         n += max(1, min(n, iters - n, left))
 
 
-def project_spec(spec_path: str, rows_path: str, per_row_s: float, per_call_ms: float, fixed_s: float):
-    """Per sweep: (cells, rows, unmeasured cells, projected seconds) of the spec's cells under its protocol."""
+def project_spec(
+    spec_path: str, rows_path: str, per_row_s: float, per_call_ms: float, fixed_s: float, by_length: bool = False
+) -> dict[str, list]:
+    """Per sweep (with `by_length`, per sweep and length): [cells, rows, unmeasured cells, projected
+    seconds, cells left, projected seconds left] of the spec's cells under its protocol. Left: the
+    cells no row of their current digest (`cell_id`) records yet."""
     from longca.run.cell import planned_unsupported
     from longca.spec.cells import expand
     from longca.spec.load import load_spec
@@ -92,10 +98,11 @@ def project_spec(spec_path: str, rows_path: str, per_row_s: float, per_call_ms: 
     cells = expand(spec)
     found = duckdb.execute(
         """SELECT regexp_replace(cell_id, '@[0-9a-f]+$', '') AS ident, status, samples_ms, median_ms,
-                  cell_wall_s, check_s, compile_s, cell_digest
+                  cell_wall_s, check_s, compile_s, cell_digest, cell_id
            FROM read_parquet(?) WHERE spec = ? ORDER BY timestamp""",
         [rows_path, spec.name],
     ).fetchall()
+    done = {r[8] for r in found}
     by_digest: dict[str, dict[str, list]] = defaultdict(dict)  # ident -> digest -> rows, in time order
     for r in found:
         by_digest[r[0]].setdefault(r[7], []).append(r)
@@ -139,37 +146,50 @@ def project_spec(spec_path: str, rows_path: str, per_row_s: float, per_call_ms: 
     out: dict[str, list] = {}
     guess: dict[str, list] = defaultdict(list)
     pending = []
+
+    def key(cell) -> str:
+        return f"{cell.sweep} {cell.seqlen}" if by_length else cell.sweep
+
     for cell in cells:
-        entry = out.setdefault(cell.sweep, [0, 0, 0, fixed_s])
+        entry = out.setdefault(key(cell), [0, 0, 0, 0.0, 0, 0.0])
         entry[0] += 1
         if planned_unsupported(cell):
             entry[1] += 1
             continue
         entry[1] += cell.samples
+        left = cell.id not in done
+        entry[4] += left
         rows = latest.get(cell.id.rsplit("@", 1)[0])
         if rows:
             cost = cell_cost(cell, rows)
             entry[3] += cost
+            entry[5] += cost if left else 0.0
             guess[(cell.sweep, cell.seqlen, cell.pass_)].append(cost)
         else:
             entry[2] += 1
             pending.append(cell)
     for cell in pending:
         similar = guess.get((cell.sweep, cell.seqlen, cell.pass_)) or [c for v in guess.values() for c in v]
-        out[cell.sweep][3] += median(similar)
+        out[key(cell)][3] += median(similar)
+        out[key(cell)][5] += median(similar)  # never measured: left under any digest
+    # the start-up once per sweep (on its own line when lengths are apart), left while cells are
+    for sweep in dict.fromkeys(cell.sweep for cell in cells):
+        left = any(v[4] for k, v in out.items() if k.split(" ")[0] == sweep)
+        entry = out.setdefault(f"{sweep} start-up", [0, 0, 0, 0.0, 0, 0.0]) if by_length else out[sweep]
+        entry[3] += fixed_s
+        entry[5] += fixed_s if left else 0.0
     return out
 
 
 def main_spec(a: argparse.Namespace) -> int:
-    out = project_spec(a.spec, a.rows, a.per_row_s, a.per_call_ms, a.fixed_s)
-    print(f"{'sweep':16s} {'cells':>6s} {'rows':>6s} {'unmeasured':>10s} {'minutes':>8s}")
-    total = 0.0
-    for sweep, (cells, rows, unmeasured, secs) in out.items():
-        total += secs
-        print(f"{sweep:16s} {cells:6d} {rows:6d} {unmeasured:10d} {secs / 60:8.1f}")
+    out = project_spec(a.spec, a.rows, a.per_row_s, a.per_call_ms, a.fixed_s, a.by_length)
+    print(f"{'sweep':22s} {'cells':>6s} {'rows':>6s} {'unmeasured':>10s} {'minutes':>8s} {'left':>6s} {'minutes':>8s}")
+    for name, (cells, rows, unmeasured, secs, left, left_s) in out.items():
+        print(f"{name:22s} {cells:6d} {rows:6d} {unmeasured:10d} {secs / 60:8.1f} {left:6d} {left_s / 60:8.1f}")
+    total = [sum(v[i] for v in out.values()) for i in range(6)]
     print(
-        f"{'total':16s} {sum(v[0] for v in out.values()):6d} {sum(v[1] for v in out.values()):6d} "
-        f"{sum(v[2] for v in out.values()):10d} {total / 60:8.1f}"
+        f"{'total':22s} {total[0]:6d} {total[1]:6d} {total[2]:10d} {total[3] / 60:8.1f} "
+        f"{total[4]:6d} {total[5] / 60:8.1f}"
     )
     print(f"per row {a.per_row_s} s, per call {a.per_call_ms} ms, fixed {a.fixed_s} s per sweep")
     return 0
@@ -180,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", required=True)
     ap.add_argument("--sweep")
     ap.add_argument("--spec", help="project the whole spec under its own protocol instead")
+    ap.add_argument("--by-length", action="store_true", help="with --spec: a line per sweep and length")
     ap.add_argument("--budgets", type=float, nargs="+", default=[1.0, 1.5, 2.0])
     ap.add_argument("--caps", type=int, nargs="+", default=[200, 1000])
     ap.add_argument("--min-iters", type=int, default=10)

@@ -25,3 +25,64 @@ def test_overheads_lower_the_share_as_declared() -> None:
     share, wall = sp.project([10.0, 10.0], 1.0, 1000, per_row_s=0.5, per_call_ms=1.0, fixed_s=1.0)
     assert wall == pytest.approx(2.0 + 0.2 + 1.0 + 1.0)
     assert share == pytest.approx(2.0 / wall)
+
+
+def _rows_of(path: Path, cell_id: str, cell) -> Path:
+    """One ok row per mask draw of `cell`, recorded under `cell_id` (its current id or an older one)."""
+    from longca.store.write import write_rows
+
+    rows = [
+        {
+            "spec": "default",
+            "sweep": cell.sweep,
+            "cell_id": cell_id,
+            "cell_digest": cell_id.rsplit("@", 1)[1],
+            "kernel": "naive",
+            "mask": "full",
+            "pass": cell.pass_,
+            "seqlen_q": cell.seqlen,
+            "seqlen_k": cell.seqlen,
+            "batch": 1,
+            "heads_q": 4,
+            "heads_kv": 4,
+            "head_dim": 32,
+            "dtype": "float32",
+            "world_size": 1,
+            "status": "ok",
+            "median_ms": 2.0,
+            "samples_ms": [2.0, 2.0, 2.0],
+            "cell_wall_s": 1.0,
+            "check_s": 0.5,
+            "mask_sample": s,
+        }
+        for s in range(cell.samples)
+    ]
+    write_rows(path, rows)
+    return path
+
+
+def test_spec_projection_counts_as_left_only_cells_without_rows_of_their_current_digest(tmp_path: Path) -> None:
+    from longca.run.cell import planned_unsupported
+    from longca.spec.cells import expand
+    from longca.spec.load import load_spec
+
+    spec = ROOT / "specs" / "default.yaml"
+    dense = [c for c in expand(load_spec(spec)) if c.sweep == "dense" and not planned_unsupported(c)]
+    cell = dense[0]
+    current = sp.project_spec(str(spec), str(_rows_of(tmp_path / "a.parquet", cell.id, cell)), 0.0, 0.0, 10.0)
+    older_id = cell.id.rsplit("@", 1)[0] + "@00000000"
+    older = sp.project_spec(str(spec), str(_rows_of(tmp_path / "b.parquet", older_id, cell)), 0.0, 0.0, 10.0)
+    # the same committed samples project the same cost whichever digest recorded them
+    assert current["dense"][:4] == older["dense"][:4]
+    # rows of an older digest leave every cell to run; rows of the current one take that cell out
+    assert older["dense"][4] == len(dense) and older["dense"][5] == pytest.approx(older["dense"][3])
+    assert current["dense"][4] == len(dense) - 1
+    cost = current["dense"][3] - current["dense"][5]
+    # per draw one 2 ms warm-up and the three 2 ms calls the budget allows; per cell the check's 0.5 s
+    assert cost == pytest.approx(cell.samples * (2.0 + 3 * 2.0) / 1000.0 + 0.5)
+    # a line per length sums to the line per sweep, the start-up counted once per sweep
+    by_length = sp.project_spec(str(spec), str(tmp_path / "a.parquet"), 0.0, 0.0, 10.0, by_length=True)
+    parts = [v for k, v in by_length.items() if k.split(" ")[0] == "dense"]
+    assert len(parts) == 3  # 256, 512 and the start-up
+    for i in range(6):
+        assert sum(v[i] for v in parts) == pytest.approx(current["dense"][i])
