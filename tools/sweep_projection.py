@@ -24,7 +24,10 @@ Cells the spec marks unsupported cost nothing; failed cells their committed wall
 limit); cells never measured the median projection of measured cells of the same sweep, length and
 pass (counted apart). Beside the whole spec it projects what is left: the cells no row of their
 current digest records yet (`cell_id`), so a re-measure under way can be planned call by call;
-`--by-length` splits each sweep by length (its start-up on a line of its own).
+`--by-length` splits each sweep by length (its start-up on a line of its own). `--ci-target`,
+`--iters` and `--floor-calls` project the spec under a changed `repeat` instead (every cell is then
+left: a new digest); `--floor-calls K` lets calls under a second run past `budget_s` until K calls,
+a rule longca's timer does not have (docs/measurement.md, "What a tighter interval would cost").
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ from collections import defaultdict
 from statistics import median
 
 import duckdb
+
+from longca.measure.stats import LONG_CALL_MS
 
 
 def project(
@@ -63,7 +68,7 @@ def adaptive_calls(samples_ms: list[float], target: float, min_iters: int, iters
     from longca.measure.stats import median_ci, min_samples
 
     call = median(samples_ms)
-    floor = max(min_iters, 3 if samples_ms[0] >= 1000.0 else min_samples())
+    floor = max(min_iters, 3 if samples_ms[0] >= LONG_CALL_MS else min_samples())
     have = len(samples_ms)
     hw_all = None
     if have >= min_samples():
@@ -85,11 +90,20 @@ def adaptive_calls(samples_ms: list[float], target: float, min_iters: int, iters
 
 
 def project_spec(
-    spec_path: str, rows_path: str, per_row_s: float, per_call_ms: float, fixed_s: float, by_length: bool = False
+    spec_path: str,
+    rows_path: str,
+    per_row_s: float,
+    per_call_ms: float,
+    fixed_s: float,
+    by_length: bool = False,
+    what_if: dict | None = None,
 ) -> dict[str, list]:
     """Per sweep (with `by_length`, per sweep and length): [cells, rows, unmeasured cells, projected
     seconds, cells left, projected seconds left] of the spec's cells under its protocol. Left: the
-    cells no row of their current digest (`cell_id`) records yet."""
+    cells no row of their current digest (`cell_id`) records yet. `what_if` changes the spec's
+    `repeat` for the projection: `ci_target`, `iters`, and `floor_calls` (a protocol longca does not
+    have: calls under a second may run past `budget_s` until that many calls)."""
+    what_if = what_if or {}
     from longca.run.cell import planned_unsupported
     from longca.spec.cells import expand
     from longca.spec.load import load_spec
@@ -102,7 +116,7 @@ def project_spec(
            FROM read_parquet(?) WHERE spec = ? ORDER BY timestamp""",
         [rows_path, spec.name],
     ).fetchall()
-    done = {r[8] for r in found}
+    done = set() if what_if else {r[8] for r in found}  # a changed repeat gives every cell a new digest
     by_digest: dict[str, dict[str, list]] = defaultdict(dict)  # ident -> digest -> rows, in time order
     for r in found:
         by_digest[r[0]].setdefault(r[7], []).append(r)
@@ -119,7 +133,7 @@ def project_spec(
             fwd_ms[ident.replace("/pass=fwd/", "/pass=")] = median(ok)
 
     def cell_cost(cell, rows) -> float:
-        rep, check = cell.repeat_dict, cell.check_dict
+        rep, check = {**cell.repeat_dict, **{k: v for k, v in what_if.items() if k != "floor_calls"}}, cell.check_dict
         ok = [r for r in rows if r[1] == "ok" and r[2]]
         if not ok:
             status = rows[-1][1]
@@ -129,9 +143,10 @@ def project_spec(
         for r in ok:
             samples = list(r[2])
             call = median(samples)
-            n = adaptive_calls(
-                samples, rep.get("ci_target") or 1.0, rep.get("min_iters", 1), rep["iters"], rep["budget_s"]
-            )
+            budget_s = rep["budget_s"]
+            if what_if.get("floor_calls") and call < LONG_CALL_MS:
+                budget_s = max(budget_s, what_if["floor_calls"] * call / 1000.0)
+            n = adaptive_calls(samples, rep.get("ci_target") or 1.0, rep.get("min_iters", 1), rep["iters"], budget_s)
             warm = min(rep.get("warmup", 1), max(1, math.ceil(rep.get("warmup_s", 0.0) * 1000.0 / call))) * call
             t = warm + n * (call + per_call_ms) + per_row_s * 1000.0
             if rep.get("graph") and cell.pass_ == "fwd" and call < rep.get("graph_below_ms", math.inf):
@@ -182,7 +197,14 @@ def project_spec(
 
 
 def main_spec(a: argparse.Namespace) -> int:
-    out = project_spec(a.spec, a.rows, a.per_row_s, a.per_call_ms, a.fixed_s, a.by_length)
+    what_if = {
+        k: v
+        for k, v in {"ci_target": a.ci_target, "iters": a.iters, "floor_calls": a.floor_calls}.items()
+        if v is not None
+    }
+    out = project_spec(a.spec, a.rows, a.per_row_s, a.per_call_ms, a.fixed_s, a.by_length, what_if)
+    if what_if:
+        print(f"what if the spec's repeat had {what_if} (every cell then has a new digest: all left)")
     print(f"{'sweep':22s} {'cells':>6s} {'rows':>6s} {'unmeasured':>10s} {'minutes':>8s} {'left':>6s} {'minutes':>8s}")
     for name, (cells, rows, unmeasured, secs, left, left_s) in out.items():
         print(f"{name:22s} {cells:6d} {rows:6d} {unmeasured:10d} {secs / 60:8.1f} {left:6d} {left_s / 60:8.1f}")
@@ -201,6 +223,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep")
     ap.add_argument("--spec", help="project the whole spec under its own protocol instead")
     ap.add_argument("--by-length", action="store_true", help="with --spec: a line per sweep and length")
+    ap.add_argument("--ci-target", type=float, help="with --spec: project under this repeat.ci_target instead")
+    ap.add_argument("--iters", type=int, help="with --spec: project under this repeat.iters instead")
+    ap.add_argument(
+        "--floor-calls", type=int, help="with --spec: calls under 1 s run past budget_s until this many (what-if)"
+    )
     ap.add_argument("--budgets", type=float, nargs="+", default=[1.0, 1.5, 2.0])
     ap.add_argument("--caps", type=int, nargs="+", default=[200, 1000])
     ap.add_argument("--min-iters", type=int, default=10)

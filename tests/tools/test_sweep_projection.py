@@ -86,3 +86,21 @@ def test_spec_projection_counts_as_left_only_cells_without_rows_of_their_current
     assert len(parts) == 3  # 256, 512 and the start-up
     for i in range(6):
         assert sum(v[i] for v in parts) == pytest.approx(current["dense"][i])
+
+
+def test_what_if_projects_a_changed_repeat_with_every_cell_left(tmp_path: Path) -> None:
+    from longca.run.cell import planned_unsupported
+    from longca.spec.cells import expand
+    from longca.spec.load import load_spec
+
+    spec = ROOT / "specs" / "default.yaml"
+    dense = [c for c in expand(load_spec(spec)) if c.sweep == "dense" and not planned_unsupported(c)]
+    cell = dense[0]
+    rows = str(_rows_of(tmp_path / "a.parquet", cell.id, cell))
+    with_cap = sp.project_spec(str(spec), rows, 0.0, 0.0, 10.0, what_if={"iters": 1000})["dense"]
+    with_floor = sp.project_spec(str(spec), rows, 0.0, 0.0, 10.0, what_if={"iters": 1000, "floor_calls": 400})["dense"]
+    # a changed repeat is a new digest for every cell: none is done
+    assert with_cap[4] == with_floor[4] == len(dense)
+    # 2 ms calls of three samples (too few for an interval) run to the spec's 0.5 s budget: 250 calls;
+    # a floor of 400 calls takes them past it, for the measured cell and every cell guessed from it
+    assert with_floor[3] - with_cap[3] == pytest.approx(150 * 2.0 / 1000.0 * cell.samples * len(dense))
