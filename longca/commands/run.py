@@ -42,6 +42,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "touch a device: a re-run check of a published set, into another --results folder",
     )
     p.add_argument("--sample-seed", type=int, default=0, help="seed of --sample's draw (default 0)")
+    p.add_argument(
+        "--sample-from",
+        metavar="PARQUET",
+        default=None,
+        help="with --sample: draw only among the cells that have rows of their current digest in this table "
+        "(a published aggregate, or any Parquet with a cell_digest column): a re-run check of what it measured",
+    )
     p.add_argument("outputs", nargs="*", help="cell output files to produce (as planned by the Snakefile)")
     p.set_defaults(func=_run)
 
@@ -67,8 +74,11 @@ def _run(args: argparse.Namespace) -> int:
     # time limit has recorded every cell the capabilities rule out (Snakemake runs them as separate jobs).
     jobs = sorted(jobs, key=lambda j: j.kind != "planned")
     keep = selector(args.only, args.sweep)
+    if args.sample_from is not None and args.sample is None:
+        raise ValueError("--sample-from: allowed only with --sample N (it narrows what --sample draws from)")
     if args.sample is not None:
-        keep = _sampled(jobs, keep, args.sample, args.sample_seed)
+        among = _digests(args.sample_from) if args.sample_from is not None else None
+        keep = _sampled(jobs, keep, args.sample, args.sample_seed, among, args.sample_from)
     for job in jobs:
         pairs = [(c, o) for c, o in zip(job.cells, job.outputs) if keep(c)]
         if args.shard:
@@ -89,13 +99,40 @@ def _config_index(cell) -> int:
     return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16)
 
 
-def _sampled(jobs, keep, n: int, seed: int):
+def _digests(path: str) -> frozenset[str]:
+    """The cell digests a Parquet table holds rows of (`--sample-from`)."""
+    import pyarrow.parquet as pq
+
+    try:
+        column = pq.read_table(path, columns=["cell_digest"]).column("cell_digest")
+    except FileNotFoundError:
+        raise ValueError(f"--sample-from {path!r}: no such file") from None
+    except (KeyError, ValueError, OSError) as exc:  # not Parquet, or no cell_digest column
+        raise ValueError(
+            f"--sample-from {path!r}: allowed: a Parquet table with a cell_digest column ({exc})"
+        ) from None
+    return frozenset(d for d in column.to_pylist() if d)
+
+
+def _sampled(jobs, keep, n: int, seed: int, among: frozenset[str] | None = None, source: str | None = None):
     """`keep` narrowed to n cells drawn at random (seeded) from the selected cells that would touch a
-    device (planned-unsupported ones are left out: they re-run nothing)."""
+    device (planned-unsupported ones are left out: they re-run nothing); with `among`, only from the
+    cells whose current digest is in it (those `source` measured under the spec's present protocol)."""
     import random
 
     if n < 1:
         raise ValueError(f"--sample {n}: allowed: a positive number of cells")
-    pool = sorted(c.digest for j in jobs if j.kind != "planned" for c in j.cells if keep(c))
+    pool = sorted(
+        c.digest
+        for j in jobs
+        if j.kind != "planned"
+        for c in j.cells
+        if keep(c) and (among is None or c.digest in among)
+    )
+    if not pool and among is not None:
+        raise ValueError(
+            f"--sample-from {source!r}: no selected cell that would touch a device has rows of its current digest "
+            "there (measured under another protocol, or not selected)"
+        )
     chosen = set(random.Random(seed).sample(pool, min(n, len(pool))))
     return lambda cell: keep(cell) and cell.digest in chosen

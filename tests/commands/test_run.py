@@ -193,3 +193,66 @@ def test_sample_runs_n_random_device_cells_the_same_for_a_seed(tmp_path, monkeyp
     assert len({tuple(drawn("--sample", "4", "--sample-seed", str(seed))) for seed in range(6)}) > 1  # seeds differ
     assert len(drawn("--sample", "100")) == 6  # at most every device cell
     assert all("seqlen_q=64/" in o for o in drawn("--sample", "2", "--only", "seqlen=64"))
+
+
+def test_sample_from_draws_only_cells_measured_under_their_current_digest(tmp_path, monkeypatch, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import longca.run.chunk
+    from longca.spec.cells import expand
+    from longca.spec.load import load_spec
+
+    spec = tmp_path / "order.yaml"
+    spec.write_text(
+        "name: order\ndevice: cpu\nheads: ['2:2']\nhead_dims: [16]\ndtypes: [float32]\n"
+        "passes: [fwd, bwd]\nsweeps:\n  - name: dense\n    kernels: [naive]\n    masks: [full]\n"
+        "    seqlens: [64, 128, 256]\n"
+    )
+    cells = expand(load_spec(spec))
+    published = [c for c in cells if c.seqlen == 128]  # the cells a published set measured
+    table = tmp_path / "published.parquet"
+    digests = [c.digest for c in published] + ["0123456789abcdef"]  # and one of an earlier protocol
+    pq.write_table(pa.table({"cell_digest": digests}), table)
+    calls = []
+    monkeypatch.setattr(longca.run.chunk, "run_chunk", lambda spec, outputs, *a, **k: calls.extend(outputs) or 0)
+
+    def drawn(*extra: str) -> list[str]:
+        calls.clear()
+        assert main(["run", "--spec", str(spec), "--results", str(tmp_path / "r"), *extra]) == 0
+        return sorted(calls)
+
+    # every draw comes from the published cells, whatever the seed; a larger N takes them all
+    for seed in range(4):
+        got = drawn("--sample", "1", "--sample-seed", str(seed), "--sample-from", str(table))
+        assert len(got) == 1 and "seqlen_q=128/" in got[0]
+    assert len(drawn("--sample", "10", "--sample-from", str(table))) == len(published) == 2
+    # a selection that no published cell is in, a table without digests, or no --sample: clear errors,
+    # before any cell runs
+    calls.clear()
+    assert (
+        main(
+            [
+                "run",
+                "--spec",
+                str(spec),
+                "--results",
+                str(tmp_path / "r"),
+                "--sample",
+                "1",
+                "--sample-from",
+                str(table),
+                "--only",
+                "seqlen=64",
+            ]
+        )
+        == 2
+    )
+    assert "has rows of its current digest" in capsys.readouterr().err
+    other = tmp_path / "other.parquet"
+    pq.write_table(pa.table({"cell_id": ["x"]}), other)
+    assert main(["run", "--spec", str(spec), "--sample", "1", "--sample-from", str(other)]) == 2
+    assert "cell_digest column" in capsys.readouterr().err
+    assert main(["run", "--spec", str(spec), "--sample-from", str(table)]) == 2
+    assert "only with --sample" in capsys.readouterr().err
+    assert not calls
