@@ -49,9 +49,9 @@ case $cmd in
     call=${1:?usage: gpu-calls.sh next SPEC CALL_OUT [selection...]}
     shift
     [ -f "$call/$name.parquet" ] || { echo "gpu-calls: $call has no $name.parquet" >&2; exit 2; }
-    [ -f "$call/fa4-cache.tar.xz" ] && mkdir -p .fa4-cache && cp "$call/fa4-cache.tar.xz" .fa4-cache/
+    [ -f "$call/fa4-cache.tar.xz" ] && mkdir -p .fa4-cache && cp -f "$call/fa4-cache.tar.xz" .fa4-cache/
     [ -f "$call/triton-autotune.tar.gz" ] && mkdir -p .triton-autotune \
-      && cp "$call/triton-autotune.tar.gz" .triton-autotune/
+      && cp -f "$call/triton-autotune.tar.gz" .triton-autotune/
     # the call packed every draw still unfinished, the ones it was given included: it replaces them
     mkdir -p .draws && rm -f .draws/draws.tar.gz
     [ -f "$call/draws.tar.gz" ] && cp "$call/draws.tar.gz" .draws/
