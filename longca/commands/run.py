@@ -46,7 +46,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--sample-from",
         metavar="PARQUET",
         default=None,
-        help="with --sample: draw only among the cells that have rows of their current digest in this table "
+        help="with --sample: draw only among the cells that have ok rows of their current digest in this table "
         "(a published aggregate, or any Parquet with a cell_digest column): a re-run check of what it measured",
     )
     p.add_argument("outputs", nargs="*", help="cell output files to produce (as planned by the Snakefile)")
@@ -100,18 +100,20 @@ def _config_index(cell) -> int:
 
 
 def _digests(path: str) -> frozenset[str]:
-    """The cell digests a Parquet table holds rows of (`--sample-from`)."""
+    """The cell digests a Parquet table holds measured rows of (`--sample-from`): its `ok` rows where
+    it has a status column (a re-run check compares medians), else every row's."""
     import pyarrow.parquet as pq
 
     try:
-        column = pq.read_table(path, columns=["cell_digest"]).column("cell_digest")
+        names = pq.read_schema(path).names
+        table = pq.read_table(path, columns=["cell_digest", "status"] if "status" in names else ["cell_digest"])
     except FileNotFoundError:
         raise ValueError(f"--sample-from {path!r}: no such file") from None
     except (KeyError, ValueError, OSError) as exc:  # not Parquet, or no cell_digest column
         raise ValueError(
             f"--sample-from {path!r}: allowed: a Parquet table with a cell_digest column ({exc})"
         ) from None
-    return frozenset(d for d in column.to_pylist() if d)
+    return frozenset(r["cell_digest"] for r in table.to_pylist() if r["cell_digest"] and r.get("status", "ok") == "ok")
 
 
 def _sampled(jobs, keep, n: int, seed: int, among: frozenset[str] | None = None, source: str | None = None):

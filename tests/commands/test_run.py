@@ -212,8 +212,10 @@ def test_sample_from_draws_only_cells_measured_under_their_current_digest(tmp_pa
     cells = expand(load_spec(spec))
     published = [c for c in cells if c.seqlen == 128]  # the cells a published set measured
     table = tmp_path / "published.parquet"
-    digests = [c.digest for c in published] + ["0123456789abcdef"]  # and one of an earlier protocol
-    pq.write_table(pa.table({"cell_digest": digests}), table)
+    failed = next(c for c in cells if c.seqlen == 256)  # a cell it recorded, but not ok: no median to re-run
+    digests = [c.digest for c in published] + ["0123456789abcdef", failed.digest]  # and one of an earlier protocol
+    statuses = ["ok"] * len(published) + ["ok", "error"]
+    pq.write_table(pa.table({"cell_digest": digests, "status": statuses}), table)
     calls = []
     monkeypatch.setattr(longca.run.chunk, "run_chunk", lambda spec, outputs, *a, **k: calls.extend(outputs) or 0)
 
