@@ -73,18 +73,14 @@ import sys
 
 import duckdb
 
-from longca.store.aggregate import keep_rows_outside
+from longca.store.aggregate import keep_rows_outside, repeated_rows
 
 merged, *older = sys.argv[1:]
 for path in older:
     print(f"{path}: {keep_rows_outside(merged, path)} rows of cells the newer calls lack")
-twice = duckdb.execute(
-    "SELECT count(*) FROM (SELECT cell_digest, run_id, mask_sample, timestamp FROM read_parquet(?) "
-    "GROUP BY ALL HAVING count(*) > 1)",
-    [merged],
-).fetchone()[0]
+twice = repeated_rows(merged)
 if twice:
-    sys.exit(f"gpu-calls: {twice} rows would be in the set twice; nothing written ({merged})")
+    sys.exit(f"gpu-calls: {len(twice)} rows would be in the set twice, e.g. {twice[0]}; nothing written ({merged})")
 rows, cells = duckdb.execute("SELECT count(*), count(DISTINCT cell_digest) FROM read_parquet(?)", [merged]).fetchone()
 print(f"merged: {rows} rows of {cells} cells")
 EOF

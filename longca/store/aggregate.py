@@ -97,6 +97,23 @@ def keep_rows_outside(new_file: str | Path, old_file: str | Path) -> int:
     return kept.num_rows
 
 
+# One measurement of one draw of one cell: a second row with these values is the same row twice.
+ROW_IDENTITY = ("cell_digest", "run_id", "mask_sample", "timestamp")
+
+
+def repeated_rows(file: str | Path) -> list[dict]:
+    """The row identities (ROW_IDENTITY) that `file` holds more than once, each with its count: what
+    a merge of aggregates must never produce."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from longca.store.schema import conform
+
+    ids = conform(pq.read_table(file)).select(list(ROW_IDENTITY))
+    counts = ids.group_by(list(ROW_IDENTITY)).aggregate([([], "count_all")])
+    return counts.filter(pc.greater(counts["count_all"], 1)).to_pylist()
+
+
 _PATH_KEYS = [
     "sweep",
     "kernel",

@@ -1,5 +1,6 @@
 """longca.store.aggregate: the union of cell files, by Polars or, where it cannot, pyarrow alone."""
 
+from datetime import UTC
 from pathlib import Path
 
 import pyarrow as pa
@@ -78,3 +79,17 @@ def test_without_polars_pyarrow_writes_the_same_table(shuffled: list[str], tmp_p
     monkeypatch.setitem(sys.modules, "polars", None)  # `import polars` now raises ImportError
     aggregate(list(reversed(shuffled)), tmp_path / "without.parquet")
     assert pq.read_table(tmp_path / "with.parquet").equals(pq.read_table(tmp_path / "without.parquet"))
+
+
+def test_repeated_rows_names_each_row_a_table_holds_twice(tmp_path: Path) -> None:
+    from datetime import datetime
+
+    from longca.store.aggregate import repeated_rows
+
+    when = datetime(2026, 12, 1, tzinfo=UTC)
+    rows = [store_row(c, run_id="r", mask_sample=s, timestamp=when) for c, s in (("a", 0), ("a", 1), ("b", 0))]
+    write_rows(tmp_path / "once.parquet", rows)
+    assert repeated_rows(tmp_path / "once.parquet") == []
+    write_rows(tmp_path / "twice.parquet", rows + rows[1:2])  # a merge that repeated one draw's row
+    (repeated,) = repeated_rows(tmp_path / "twice.parquet")
+    assert (repeated["cell_digest"], repeated["mask_sample"], repeated["count_all"]) == ("a", 1, 2)

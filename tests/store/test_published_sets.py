@@ -12,13 +12,12 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
+from longca.store.aggregate import repeated_rows
 from longca.store.schema import conform
 from longca.vocab import Status
 
 ROOT = Path(__file__).resolve().parents[2]
 SETS = sorted([*ROOT.glob("results/*/all.parquet"), *ROOT.glob("results/*/reruns.parquet")])
-# One measurement of one draw of one cell: a second row with these values is the same row twice.
-IDENTITY = ["cell_digest", "run_id", "mask_sample", "timestamp"]
 
 
 def test_there_are_published_sets() -> None:
@@ -30,8 +29,8 @@ def test_a_published_set_holds_each_row_once_with_a_known_status(path: Path) -> 
     rows = pl.from_arrow(conform(pq.read_table(path)))
     assert rows.height > 0
     assert rows.select(pl.col(c).null_count() for c in ("cell_digest", "run_id", "timestamp")).row(0) == (0, 0, 0)
-    repeated = rows.group_by(IDENTITY).len().filter(pl.col("len") > 1)
-    assert repeated.height == 0, f"{path}: rows held more than once: {repeated.head(5).to_dicts()}"
+    repeated = repeated_rows(path)
+    assert not repeated, f"{path}: rows held more than once: {repeated[:5]}"
     assert set(rows["status"].unique()) <= {s.value for s in Status}
 
 
