@@ -17,6 +17,8 @@ def test_passes_of_one_configuration_share_a_shard_and_shards_cover_all():
 
 # `longca run --sweep/--only`: a selection that matches nothing is a typo, stopped before any cell runs.
 
+import functools  # noqa: E402
+
 import pytest  # noqa: E402
 
 from longca.cli import main  # noqa: E402
@@ -170,23 +172,36 @@ def test_run_writes_the_planned_unsupported_cells_before_any_device_work(tmp_pat
     assert sum(len(o) for o in calls) == 4
 
 
-def test_sample_runs_n_random_device_cells_the_same_for_a_seed(tmp_path, monkeypatch):
-    import longca.run.chunk
-
+def _sample_spec(tmp_path, kernels: str):
+    """A CPU spec of full-mask cells at 64, 128 and 256, both passes, for the `--sample` tests."""
     spec = tmp_path / "order.yaml"
     spec.write_text(
         "name: order\ndevice: cpu\nheads: ['2:2']\nhead_dims: [16]\ndtypes: [float32]\n"
-        "passes: [fwd, bwd]\nsweeps:\n  - name: dense\n    kernels: [naive, varlen]\n    masks: [full]\n"
+        f"passes: [fwd, bwd]\nsweeps:\n  - name: dense\n    kernels: [{kernels}]\n    masks: [full]\n"
         "    seqlens: [64, 128, 256]\n"
     )
+    return spec
+
+
+@pytest.fixture
+def sampled(tmp_path, monkeypatch):
+    """(drawn, calls): `drawn(spec, *args)` runs `longca run` with its chunks recorded instead of
+    run and returns the outputs they would write; `calls` holds the last run's."""
+    import longca.run.chunk
+
     calls = []
     monkeypatch.setattr(longca.run.chunk, "run_chunk", lambda spec, outputs, *a, **k: calls.extend(outputs) or 0)
 
-    def drawn(*extra: str) -> list[str]:
+    def drawn(spec, *extra: str) -> list[str]:
         calls.clear()
         assert main(["run", "--spec", str(spec), "--results", str(tmp_path / "r"), *extra]) == 0
         return sorted(calls)
 
+    return drawn, calls
+
+
+def test_sample_runs_n_random_device_cells_the_same_for_a_seed(tmp_path, sampled):
+    drawn = functools.partial(sampled[0], _sample_spec(tmp_path, "naive, varlen"))
     first = drawn("--sample", "4", "--sample-seed", "1")
     assert len(first) == 4 and all("kernel=naive" in o for o in first)  # varlen's full cells are planned unsupported
     assert drawn("--sample", "4", "--sample-seed", "1") == first  # the same draw for the same seed
@@ -195,20 +210,11 @@ def test_sample_runs_n_random_device_cells_the_same_for_a_seed(tmp_path, monkeyp
     assert all("seqlen_q=64/" in o for o in drawn("--sample", "2", "--only", "seqlen=64"))
 
 
-def test_sample_from_draws_only_cells_measured_under_their_current_digest(tmp_path, monkeypatch, capsys):
+def test_sample_from_draws_only_cells_measured_under_their_current_digest(tmp_path, sampled, capsys):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    import longca.run.chunk
-    from longca.spec.cells import expand
-    from longca.spec.load import load_spec
-
-    spec = tmp_path / "order.yaml"
-    spec.write_text(
-        "name: order\ndevice: cpu\nheads: ['2:2']\nhead_dims: [16]\ndtypes: [float32]\n"
-        "passes: [fwd, bwd]\nsweeps:\n  - name: dense\n    kernels: [naive]\n    masks: [full]\n"
-        "    seqlens: [64, 128, 256]\n"
-    )
+    spec = _sample_spec(tmp_path, "naive")
     cells = expand(load_spec(spec))
     published = [c for c in cells if c.seqlen == 128]  # the cells a published set measured
     table = tmp_path / "published.parquet"
@@ -216,14 +222,8 @@ def test_sample_from_draws_only_cells_measured_under_their_current_digest(tmp_pa
     digests = [c.digest for c in published] + ["0123456789abcdef", failed.digest]  # and one of an earlier protocol
     statuses = ["ok"] * len(published) + ["ok", "error"]
     pq.write_table(pa.table({"cell_digest": digests, "status": statuses}), table)
-    calls = []
-    monkeypatch.setattr(longca.run.chunk, "run_chunk", lambda spec, outputs, *a, **k: calls.extend(outputs) or 0)
-
-    def drawn(*extra: str) -> list[str]:
-        calls.clear()
-        assert main(["run", "--spec", str(spec), "--results", str(tmp_path / "r"), *extra]) == 0
-        return sorted(calls)
-
+    draw, calls = sampled
+    drawn = functools.partial(draw, spec)
     # every draw comes from the published cells, whatever the seed; a larger N takes them all
     for seed in range(4):
         got = drawn("--sample", "1", "--sample-seed", str(seed), "--sample-from", str(table))
