@@ -40,7 +40,7 @@ from statistics import median
 
 import duckdb
 
-from longca.measure.stats import LONG_CALL_MS
+from longca.measure.stats import LONG_CALL_MS, median_ci, min_samples
 
 
 def project(
@@ -65,8 +65,6 @@ def project(
 def adaptive_calls(samples_ms: list[float], target: float, min_iters: int, iters: int, budget_s: float) -> int:
     """Timed calls the adaptive protocol makes on a row whose calls take `samples_ms` (in call order),
     as longca.measure.timer's `_adaptive` decides them."""
-    from longca.measure.stats import median_ci, min_samples
-
     call = median(samples_ms)
     floor = max(min_iters, 3 if samples_ms[0] >= LONG_CALL_MS else min_samples())
     have = len(samples_ms)
@@ -161,6 +159,7 @@ def project_spec(
     out: dict[str, list] = {}
     guess: dict[str, list] = defaultdict(list)
     pending = []
+    sweeps_left: set[str] = set()  # sweeps with a cell left: their start-up is left too
 
     def key(cell) -> str:
         return f"{cell.sweep} {cell.seqlen}" if by_length else cell.sweep
@@ -174,6 +173,8 @@ def project_spec(
         entry[1] += cell.samples
         left = cell.id not in done
         entry[4] += left
+        if left:
+            sweeps_left.add(cell.sweep)
         rows = latest.get(cell.id.rsplit("@", 1)[0])
         if rows:
             cost = cell_cost(cell, rows)
@@ -189,10 +190,9 @@ def project_spec(
         out[key(cell)][5] += median(similar)  # never measured: left under any digest
     # the start-up once per sweep (on its own line when lengths are apart), left while cells are
     for sweep in dict.fromkeys(cell.sweep for cell in cells):
-        left = any(v[4] for k, v in out.items() if k.split(" ")[0] == sweep)
         entry = out.setdefault(f"{sweep} start-up", [0, 0, 0, 0.0, 0, 0.0]) if by_length else out[sweep]
         entry[3] += fixed_s
-        entry[5] += fixed_s if left else 0.0
+        entry[5] += fixed_s if sweep in sweeps_left else 0.0
     return out
 
 
