@@ -27,7 +27,8 @@ current digest records yet (`cell_id`), so a re-measure under way can be planned
 `--by-length` splits each sweep by length (its start-up on a line of its own). `--ci-target`,
 `--iters` and `--floor-calls` project the spec under a changed `repeat` instead (every cell is then
 left: a new digest); `--floor-calls K` lets calls under a second run past `budget_s` until K calls,
-a rule longca's timer does not have (docs/measurement.md, "What a tighter interval would cost").
+a rule longca's timer does not have (docs/measurement.md, "What a tighter interval would cost");
+`--resample` with them estimates how many ok rows that would bring within +-2%.
 """
 
 from __future__ import annotations
@@ -196,6 +197,44 @@ def project_spec(
     return out
 
 
+def resampled_within(
+    rows_path: str, floor_calls: int, iters: int, budget_s: float = 2.0, goal: float = 0.02, draws: int = 20
+) -> tuple[int, int, int]:
+    """(ok rows, within +-goal now, within under the what-if) over the ok rows of the adaptive
+    protocol (schema 6 on), on the drawn time (graph replay where stored). A row outside the goal
+    with calls under a second is taken to make min(iters, max(budget_s, floor_calls x call) / call)
+    calls, drawn `draws` times with replacement from its own samples (independent draws: drift
+    between calls would make it worse); it counts when the median draw's interval is within goal.
+    Rows of longer calls keep their three samples. Seeded: the same figures every run."""
+    import random
+
+    rng = random.Random(1)
+    rows = duckdb.execute(
+        """SELECT samples_ms,
+                  greatest(m - coalesce(graph_ci_low_ms, ci_low_ms), coalesce(graph_ci_high_ms, ci_high_ms) - m) / m
+           FROM (SELECT *, coalesce(graph_median_ms, median_ms) AS m FROM read_parquet(?))
+           WHERE status = 'ok' AND schema_version >= 6""",
+        [rows_path],
+    ).fetchall()
+
+    def half(samples: list[float]) -> float:
+        ci, m = median_ci(samples), median(samples)
+        return max(m - ci.low, ci.high - m) / m
+
+    now = then = 0
+    for samples, h in rows:
+        if h <= goal:
+            now += 1
+            then += 1
+            continue
+        call = median(samples)
+        if call >= LONG_CALL_MS:
+            continue
+        n = min(iters, max(len(samples), int(max(budget_s * 1000.0, floor_calls * call) / call)))
+        then += median(half(rng.choices(samples, k=n)) for _ in range(draws)) <= goal
+    return len(rows), now, then
+
+
 def main_spec(a: argparse.Namespace) -> int:
     what_if = {
         k: v
@@ -223,6 +262,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep")
     ap.add_argument("--spec", help="project the whole spec under its own protocol instead")
     ap.add_argument("--by-length", action="store_true", help="with --spec: a line per sweep and length")
+    ap.add_argument(
+        "--resample",
+        action="store_true",
+        help="instead: how many ok rows would be within +-2%% under --floor-calls/--iters (resampled)",
+    )
     ap.add_argument("--ci-target", type=float, help="with --spec: project under this repeat.ci_target instead")
     ap.add_argument("--iters", type=int, help="with --spec: project under this repeat.iters instead")
     ap.add_argument(
@@ -235,6 +279,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-call-ms", type=float, default=0.05)
     ap.add_argument("--fixed-s", type=float, default=650.0)
     a = ap.parse_args(argv)
+    if a.resample:
+        floor, cap = a.floor_calls or 0, a.iters or 1000
+        rows, now, then = resampled_within(a.rows, floor, cap)
+        print(f"{rows} ok rows of the adaptive protocol; within +-2%: {now} ({now / rows:.1%}) now,")
+        print(f"{then} ({then / rows:.1%}) with calls under 1 s floored at {floor} and capped at {cap}")
+        return 0
     if a.spec:
         return main_spec(a)
     if not a.sweep:

@@ -104,3 +104,30 @@ def test_what_if_projects_a_changed_repeat_with_every_cell_left(tmp_path: Path) 
     # 2 ms calls of three samples (too few for an interval) run to the spec's 0.5 s budget: 250 calls;
     # a floor of 400 calls takes them past it, for the measured cell and every cell guessed from it
     assert with_floor[3] - with_cap[3] == pytest.approx(150 * 2.0 / 1000.0 * cell.samples * len(dense))
+
+
+def test_resampled_within_counts_rows_a_floor_would_bring_within_the_goal(tmp_path: Path) -> None:
+    from longca.store.write import write_rows
+
+    def row(cell: str, samples: list[float]) -> dict:
+        return {
+            "cell_id": cell, "cell_digest": cell, "kernel": "naive", "mask": "full", "pass": "fwd",
+            "seqlen_q": 8, "seqlen_k": 8, "batch": 1, "heads_q": 1, "heads_kv": 1, "head_dim": 8,
+            "dtype": "float32", "world_size": 1, "status": "ok", "samples_ms": samples,
+            "median_ms": sorted(samples)[len(samples) // 2], "ci_low_ms": min(samples), "ci_high_ms": max(samples),
+        }  # fmt: skip
+
+    path = tmp_path / "rows.parquet"
+    spread = [90.0, 95.0, 99.0, 101.0, 105.0, 110.0]
+    write_rows(
+        path,
+        [
+            row("tight", [10.0] * 6),  # within +-2% already
+            row("spread", spread),  # 100 ms calls spread +-10%: its whole range now
+            row("long", [x * 20 for x in spread]),  # 2 s calls keep their samples: never resampled
+        ],
+    )
+    # under the 2 s budget 20 calls of 100 ms leave about +-5%; a floor of 400 calls about +-1%
+    assert sp.resampled_within(str(path), floor_calls=0, iters=1000) == (3, 1, 1)
+    assert sp.resampled_within(str(path), floor_calls=400, iters=1000) == (3, 1, 2)
+    assert sp.resampled_within(str(path), floor_calls=400, iters=20) == (3, 1, 1)  # the cap binds
