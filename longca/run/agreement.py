@@ -4,11 +4,17 @@ on its own inputs, with a second kernel's output.
 The correctness check runs at `check.max_seqlen` (a float32 reference of a 512K problem needs a
 terabyte); what it cannot see is a kernel that is right at 8K and wrong at 512K (an index overflow,
 a tile count, a mask form built wrong at that size). With `check.agree_with` (an ordered list of
-kernels), every timed draw of such a cell first runs its own forward and the first listed kernel
-that serves the cell (not itself; the same function family; its declared capabilities and this
-machine allow it) on the same inputs and mask, and stores ||out - out_other|| / ||out_other||. A
-difference above the dtype's output tolerance makes the row `incorrect`. A comparator that refuses
-or fails at run time is passed over for the next; the reason is kept when none serves.
+kernels), every timed draw of such a cell is compared with the first listed kernel that serves the
+cell (not itself; the same function family; its declared capabilities and this machine allow it)
+on the same inputs and mask: ||out - out_other|| / ||out_other|| for every cell, and the same for
+dQ, dK and dV on cells with a backward pass (the same upstream gradient on both sides), since what
+such a cell times is the gradients: an index that overflows only in a long backward (a dQ of 2^32
+elements at 512K tokens x 64 heads x 128) is seen by no forward. A difference above the dtype's
+tolerance (the output's, or the gradients' `grad_factor` times looser) makes the row `incorrect`. A
+comparator that refuses or fails at run time is passed over for the next; the reason is kept when
+none serves. The single-device runner compares after timing, on what the timed calls left (a
+backward cell's last gradients and its forward's output), so the comparison costs the comparator's
+calls; a forward cell runs its forward once more.
 
 A dtype no comparator takes (fp8) is compared in bfloat16 on the same values: e4m3 numbers are
 exact in bfloat16, so the comparator computes the same function on the same inputs.
@@ -35,7 +41,15 @@ from longca.run.check import check_length, tolerance
 from longca.spec.cells import Cell
 from longca.vocab import Pass
 
-AGREEMENT_COLUMNS = ("agree_kernel", "agree_rel_diff", "agree_reason")
+AGREEMENT_COLUMNS = (
+    "agree_kernel",
+    "agree_rel_diff",
+    "agree_rel_diff_dq",
+    "agree_rel_diff_dk",
+    "agree_rel_diff_dv",
+    "agree_reason",
+)
+GRADIENTS = ("dq", "dk", "dv")
 
 
 def agreement_applies(cell: Cell) -> bool:
@@ -45,14 +59,21 @@ def agreement_applies(cell: Cell) -> bool:
     return bool(check.get("enabled", True) and check.get("agree_with")) and check_length(cell) < cell.seqlen
 
 
+def compares_gradients(cell: Cell) -> bool:
+    """Whether the cell's agreement covers dQ, dK and dV: it times a backward."""
+    return cell.pass_ != Pass.FWD
+
+
 def _comparator_cell(cell: Cell, name: str) -> Cell:
-    """The cell as the comparator runs it: forward only, in the cell's dtype or bfloat16 for a
-    one-byte dtype the comparator does not take (see the module's note)."""
+    """The cell as the comparator runs it: forward only, or forward and backward where the gradients
+    are compared (so its declared backward decides whether it serves), in the cell's dtype or
+    bfloat16 for a one-byte dtype the comparator does not take (see the module's note)."""
     dtype = cell.dtype
     caps = registry.get(name).caps
     if dtype not in caps.dtypes and DTYPES[dtype].itemsize == 1:
         dtype = "bfloat16"
-    return dataclasses.replace(cell, kernel=name, pass_=Pass.FWD.value, dtype=dtype)
+    pass_ = Pass.BWD if compares_gradients(cell) else Pass.FWD
+    return dataclasses.replace(cell, kernel=name, pass_=pass_.value, dtype=dtype)
 
 
 def single_device(cell: Cell) -> Cell:
@@ -86,51 +107,80 @@ def compare(
     cell: Cell,
     mask: Mask,
     inputs_bshd: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    own_output: Callable[[], torch.Tensor],
+    own_results: Callable[[], dict[str, torch.Tensor]],
     device: torch.device,
     exclude_self: bool = True,
+    dout_bshd: torch.Tensor | None = None,
 ) -> dict[str, Any]:
     """The agreement columns of one draw, and `incorrect` (the reason) where it disagrees.
 
-    `inputs_bshd`: the draw's q, k, v viewed as (B, S, H, D); `own_output()`: the timed kernel's
-    output on them as (B, S, Hq, D).
+    `inputs_bshd`: the draw's q, k, v viewed as (B, S, H, D); `own_results()`: the timed kernel's
+    results on them as (B, S, H, D) tensors: "out", and "dq", "dk", "dv" where the cell has a
+    backward (`compares_gradients`), computed with `dout_bshd` (B, S, Hq, D) as the upstream gradient.
     """
-    from longca.run.cell import _from_bshd, _to_bshd, prepare_for
+    from longca.run.cell import prepare_for
 
+    grads = compares_gradients(cell)
+    if grads and dout_bshd is None:
+        raise ValueError(f"{cell.id}: comparing gradients needs the upstream gradient (dout_bshd)")
     usable, why = candidates(cell, device, exclude_self)
     if not usable:
         return {"agree_reason": "no second kernel serves this cell: " + ("; ".join(why) or "none listed")}
-    with torch.no_grad():
-        mine = own_output()
-        for other in usable:
-            kernel = registry.get(other.kernel)
-            dtype = DTYPES[other.dtype]
-            try:
-                prepared, _ = prepare_for(other, kernel, mask, dtype, device, grad=False)
-                args = [_from_bshd(x.to(dtype), prepared.layout) for x in inputs_bshd]
-                theirs = _to_bshd(prepared.call(*args), prepared.layout, cell.batch)
-                del args
-            except (Unsupported, torch.OutOfMemoryError, RuntimeError, ValueError, TypeError) as exc:
-                if "CUDA error" in str(exc) or "illegal memory access" in str(exc):
-                    raise  # the context is unusable: the cell's handler restarts the process
-                # a comparator's failure is not the timed kernel's: pass it over, keep why
-                why.append(
-                    f"{other.kernel}: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
-                )
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
-                continue
-            diff = relative_error(mine, theirs)
-            del theirs
+    mine = own_results()
+    for other in usable:
+        kernel = registry.get(other.kernel)
+        dtype = DTYPES[other.dtype]
+        try:
+            prepared, _ = prepare_for(other, kernel, mask, dtype, device, grad=grads)
+            theirs = _results(prepared, cell.batch, inputs_bshd, dtype, dout_bshd if grads else None)
+        except (Unsupported, torch.OutOfMemoryError, RuntimeError, ValueError, TypeError) as exc:
+            if "CUDA error" in str(exc) or "illegal memory access" in str(exc):
+                raise  # the context is unusable: the cell's handler restarts the process
+            # a comparator's failure is not the timed kernel's: pass it over, keep why
+            why.append(f"{other.kernel}: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-            row: dict[str, Any] = {"agree_kernel": other.kernel, "agree_rel_diff": diff}
-            limit = tolerance(cell)[0]
-            if not diff <= limit:  # NaN never passes
-                row["incorrect"] = (
-                    f"disagrees with {other.kernel} at the full length S={cell.seqlen}: "
-                    f"||out - out_{other.kernel}|| / ||out_{other.kernel}|| = {diff:.3g} above the "
-                    f"{cell.dtype} output tolerance {limit:g}"
-                )
-            return row
+            continue
+        diffs = {name: relative_error(mine[name], theirs.pop(name)) for name in ("out", *GRADIENTS) if name in theirs}
+        del theirs
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        row: dict[str, Any] = {"agree_kernel": other.kernel, "agree_rel_diff": diffs["out"]}
+        row.update({f"agree_rel_diff_{name}": diffs[name] for name in GRADIENTS if name in diffs})
+        out_tol, grad_tol = tolerance(cell)
+        bad = [
+            f"{name}={diff:.3g}"
+            for name, diff in diffs.items()
+            if not diff <= (out_tol if name == "out" else grad_tol)  # NaN never passes
+        ]
+        if bad:
+            row["incorrect"] = (
+                f"disagrees with {other.kernel} at the full length S={cell.seqlen}: relative difference "
+                f"above the {cell.dtype} tolerance ({out_tol:g} out, {grad_tol:g} grads): " + ", ".join(bad)
+            )
+        return row
     return {"agree_reason": "no second kernel served this cell: " + "; ".join(why)}
+
+
+def _results(
+    prepared: Any,
+    batch: int,
+    inputs_bshd: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    dtype: torch.dtype,
+    dout_bshd: torch.Tensor | None,
+) -> dict[str, torch.Tensor]:
+    """A prepared comparator's output on the inputs, and its gradients with `dout_bshd` when given, as
+    (B, S, H, D) tensors."""
+    from longca.run.cell import _from_bshd, _to_bshd
+
+    grads = dout_bshd is not None
+    args = [_from_bshd(x.detach().to(dtype), prepared.layout).requires_grad_(grads) for x in inputs_bshd]
+    with torch.set_grad_enabled(grads):
+        out = prepared.call(*args)
+    results = {"out": _to_bshd(out.detach(), prepared.layout, batch)}
+    if grads:
+        out.backward(_from_bshd(dout_bshd.to(dtype), prepared.layout))
+        del out
+        for name, x in zip(GRADIENTS, args):
+            results[name] = _to_bshd(x.grad, prepared.layout, batch)
+    return results

@@ -266,7 +266,8 @@ def check_correctness(cell: Cell, device: torch.device, caches: CellCaches | Non
         check_len,
         cell.seed,
         str(device),
-        json.dumps(cell.check_dict, sort_keys=True),
+        # the check's own settings: the full-length agreement's keys do not change what it computes
+        json.dumps({k: v for k, v in cell.check_dict.items() if not k.startswith("agree_")}, sort_keys=True),
         cell.pass_ != Pass.FWD if split else None,
     )
     if key in caches.checks and (caches.checks[key]["grads"] or not grads):
@@ -365,26 +366,6 @@ def _measure_sample(
         keep=True,
     )
     prepared, form = prepare_for(cell, kernel, mask, dtype, device, need_grad)
-    agreement: dict[str, Any] = {}
-    if agreement_applies(cell):  # before timing: its outputs are freed before the peak-memory count
-        agreement = compare(
-            cell,
-            mask,
-            tuple(_to_bshd(x, kernel.layout, cell.batch) for x in (q, k, v)),
-            lambda: _to_bshd(prepared.call(q, k, v), kernel.layout, cell.batch),
-            device,
-        )
-        if "incorrect" in agreement:  # a wrong result is never a speed
-            failed = agreement.pop("incorrect")
-            return {
-                **mask_columns(mask, sample),
-                "mask_form": form,
-                **agreement,
-                **check_columns(check or {}),
-                "status": Status.INCORRECT.value,
-                "reason": failed,
-                "_kernel_s": 0.0,
-            }
     timer = timer_for(device, bool(rep.get("l2_flush", True)))
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -401,6 +382,7 @@ def _measure_sample(
 
     # the SM clock and throttle reasons while the calls run (a read before can catch the idle clock)
     with ClockSampler(gpu_clock_state) if device.type == "cuda" else no_sampler() as window:
+        saved: dict[str, torch.Tensor] = {}  # what the timed calls leave: a backward's forward output
         if cell.pass_ == Pass.FWD:
             with torch.no_grad():
                 timing = timed(lambda: prepared.call(q, k, v))
@@ -409,13 +391,12 @@ def _measure_sample(
             # (FlashAttention's benchmark_backward does the same), so a backward cell no longer runs a
             # forward per iteration outside the timed region. The row's timer says so.
             clear_grads()
-            out = prepared.call(q, k, v)
-            timing = timed(lambda: out.backward(do, retain_graph=True), before=clear_grads)
+            saved["out"] = prepared.call(q, k, v)
+            timing = timed(lambda: saved["out"].backward(do, retain_graph=True), before=clear_grads)
             timing.timer += RETAINED_GRAPH
         elif cell.pass_ == Pass.BWD:
             # Backward alone (the default, and how the committed rows were timed): a fresh (untimed)
             # forward before each iteration, then the timed backward.
-            saved: dict[str, torch.Tensor] = {}
 
             def fresh_forward():
                 clear_grads()
@@ -427,6 +408,28 @@ def _measure_sample(
         graph = graph_columns(cell, rep, timer, lambda: prepared.call(q, k, v), device, timing.median_ms)
     peak = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
     clock1 = gpu_clock_state() if device.type == "cuda" else {}
+    agreement: dict[str, Any] = {}
+    if agreement_applies(cell):  # after the peak-memory count: the comparator's memory is not the kernel's
+        agreement = compare(
+            cell,
+            mask,
+            tuple(_to_bshd(x, kernel.layout, cell.batch) for x in (q, k, v)),
+            lambda: _timed_results(prepared, kernel.layout, cell, (q, k, v), saved.get("out")),
+            device,
+            dout_bshd=_to_bshd(do, kernel.layout, cell.batch) if need_grad else None,
+        )
+        saved.clear()
+        if "incorrect" in agreement:  # a wrong result is never a speed
+            failed = agreement.pop("incorrect")
+            return {
+                **mask_columns(mask, sample),
+                "mask_form": form,
+                **agreement,
+                **check_columns(check or {}),
+                "status": Status.INCORRECT.value,
+                "reason": failed,
+                "_kernel_s": 0.0,
+            }
     area = mask.area_per_head * cell.batch
     row: dict[str, Any] = {
         **mask_columns(mask, sample),
@@ -455,6 +458,22 @@ def _measure_sample(
         row.update(check_columns(check))
     row["_kernel_s"] = timing.kernel_s
     return row
+
+
+def _timed_results(
+    prepared: Any, layout: str, cell: Cell, inputs: tuple[torch.Tensor, ...], out: torch.Tensor | None
+) -> dict[str, torch.Tensor]:
+    """What the timed calls computed, as (B, S, H, D) tensors, for the full-length agreement: the last
+    backward's gradients, and the output of the forward they came from (`out`, kept by the timed
+    backward); a cell without one runs its forward once more."""
+    if out is None:
+        with torch.no_grad():
+            out = prepared.call(*inputs)
+    results = {"out": _to_bshd(out.detach(), layout, cell.batch)}
+    if cell.pass_ != Pass.FWD:
+        for name, x in zip(("dq", "dk", "dv"), inputs):
+            results[name] = _to_bshd(x.grad, layout, cell.batch)
+    return results
 
 
 def run_cell(

@@ -52,7 +52,7 @@ from longca.measure.clocks import ClockSampler, no_sampler
 from longca.measure.cooldown import cool_down
 from longca.measure.env import gpu_clock_state
 from longca.measure.timer import RETAINED_GRAPH, RankTimer, time_under, timer_for
-from longca.run.agreement import agreement_applies, compare, single_device
+from longca.run.agreement import GRADIENTS, agreement_applies, compare, compares_gradients, single_device
 from longca.run.check import check_columns, check_length, check_verdict
 from longca.run.rows import (
     base_row,
@@ -75,12 +75,14 @@ CHECK_GRANULE_PER_RANK = 4 * 16
 
 
 class CellFailure(Exception):
-    """Ends a CP cell with a status on every rank (after the ranks agreed on it)."""
+    """Ends a CP cell with a status on every rank (after the ranks agreed on it); `columns`: what the
+    row keeps of the failed phase (a disagreeing draw's agreement columns)."""
 
-    def __init__(self, status: str, reason: str) -> None:
+    def __init__(self, status: str, reason: str, columns: dict[str, Any] | None = None) -> None:
         super().__init__(reason)
         self.status = status
         self.reason = reason
+        self.columns = columns or {}
 
 
 # ------------------------------------------------------------------------------ process group
@@ -295,9 +297,10 @@ def measure(cell: Cell, rank: int, world: int, device: torch.device, kernel, sam
         torch.randn(b, h, n, cell.head_dim, generator=g, device=device, dtype=dt)
         for h in (cell.heads_q, cell.heads_kv, cell.heads_kv, cell.heads_q)
     )
-    agreement = _full_length_agreement(cell, rank, world, device, plan, sharding, mask, q, k, v)
+    agreement = _full_length_agreement(cell, rank, world, device, plan, sharding, mask, q, k, v, dout)
     if "incorrect" in agreement:  # a wrong result is never a speed: every rank ends the cell so
-        raise CellFailure(Status.INCORRECT, agreement["incorrect"])
+        failed = agreement.pop("incorrect")
+        raise CellFailure(Status.INCORRECT, failed, {**mask_columns(mask, sample), **agreement})
     for x in (q, k, v):
         x.requires_grad_(need_grad)
     if cell.pass_ == Pass.BWD:  # backward timed on one saved forward's graph
@@ -364,29 +367,43 @@ def measure(cell: Cell, rank: int, world: int, device: torch.device, kernel, sam
     }
 
 
-def _full_length_agreement(cell: Cell, rank: int, world: int, device: torch.device, plan, sharding, mask, q, k, v):
-    """With `check.agree_with` on a cell longer than its check: this draw's CP output and every rank's
-    inputs gathered to global tensors, compared on rank 0 with a single-device kernel's output on
-    them (longca.run.agreement); the columns (and an `incorrect` reason) reach every rank."""
+def _full_length_agreement(
+    cell: Cell, rank: int, world: int, device: torch.device, plan, sharding, mask, q, k, v, dout
+) -> dict[str, Any]:
+    """With `check.agree_with` on a cell longer than its check: this draw's CP output (and, for a cell
+    with a backward, its gradients with the draw's upstream gradient) and every rank's inputs gathered
+    to global tensors, compared on rank 0 with a single-device kernel's on them
+    (longca.run.agreement); the columns (and an `incorrect` reason) reach every rank."""
     if not agreement_applies(cell):
         return {}
-    with torch.no_grad():
-        out = cp_attention(q, k, v, plan)
-        shards = []
-        for x in (q, k, v, out):
-            parts = [torch.empty_like(x) for _ in range(world)]
-            dist.all_gather(parts, x.contiguous())
-            shards.append(parts)
+    grads = compares_gradients(cell)
+    local = [x.detach().requires_grad_(grads) for x in (q, k, v)]
+    out, local_grads = _run_pass(Pass.BWD if grads else Pass.FWD, *local, dout, plan)
+    names = ["q", "k", "v", "out"] + (["dout", *GRADIENTS] if grads else [])
+    tensors = [q, k, v, out.detach()] + ([dout, *local_grads] if grads else [])
+    del out, local_grads
+    shards = []
+    for x in tensors:
+        parts = [torch.empty_like(x) for _ in range(world)]
+        dist.all_gather(parts, x.contiguous())
+        shards.append(parts)
+    del tensors
     result: dict[str, Any] | None = None
     if rank == 0:
-        whole = []
-        for parts in shards:  # (B, H, local, D) per rank -> (B, H, S, D) at the sharding's positions
+        whole = {}
+        for name, parts in zip(names, shards):  # (B, H, local, D) per rank -> (B, H, S, D) at the sharding's positions
             g = parts[0].new_empty(*parts[0].shape[:2], cell.seqlen, parts[0].shape[3])
             for r, part in enumerate(parts):
                 g[:, :, torch.from_numpy(sharding.positions(r)).to(device)] = part
-            whole.append(g.transpose(1, 2))  # BSHD views
+            whole[name] = g.transpose(1, 2)  # BSHD views
         result = compare(
-            single_device(cell), mask, (whole[0], whole[1], whole[2]), lambda: whole[3], device, exclude_self=False
+            single_device(cell),
+            mask,
+            (whole["q"], whole["k"], whole["v"]),
+            lambda: {n: whole[n] for n in ("out", *GRADIENTS) if n in whole},
+            device,
+            exclude_self=False,
+            dout_bshd=whole.get("dout"),
         )
     del shards
     box = [result]
@@ -397,11 +414,11 @@ def _full_length_agreement(cell: Cell, rank: int, world: int, device: torch.devi
 def _agreed(phase: str, fn, device: torch.device, *args: Any):
     """Run one phase, fn(*args), on every rank; if any rank failed, every rank raises the worst status with the
     first rank's reason (an all-reduce), so the group stays in step for the next cell."""
-    status, reason, result = Status.OK, None, None
+    status, reason, result, columns = Status.OK, None, None, {}
     try:
         result = fn(*args)
     except CellFailure as e:
-        status, reason = e.status, e.reason
+        status, reason, columns = e.status, e.reason, e.columns
     except Exception as e:  # noqa: BLE001 - any failure becomes the cell's row
         status, reason = classify(e)
         if status == Status.ERROR:
@@ -412,7 +429,8 @@ def _agreed(phase: str, fn, device: torch.device, *args: Any):
     if code:
         reasons = _gather(reason)
         worst = next(s for s, c in STATUS_CODE.items() if c == code)
-        raise CellFailure(worst, f"{phase}: {next((r for r in reasons if r), 'failed on another rank')}")
+        reason = next((r for r in reasons if r), "failed on another rank")
+        raise CellFailure(worst, f"{phase}: {reason}", columns)
     return result
 
 
@@ -457,7 +475,7 @@ def run_cell(cell: Cell, rank: int, world: int, device: torch.device) -> list[di
             gate_peak(row, device)
             rows.append(row)
     except CellFailure as e:
-        rows = [status_row(cell, e.status, e.reason, **check_columns(check))]
+        rows = [status_row(cell, e.status, e.reason, **check_columns(check), **e.columns)]
     for r in rows:
         r.update(cell_wall_s=time.perf_counter() - t_cell, check_s=check_s)
     return rows

@@ -19,7 +19,7 @@ from typing import Any
 
 from longca.masks.registry import PATTERNS
 from longca.spec.load import LATE_TOLERANCES, MaskChoice, Spec, Sweep
-from longca.vocab import Balance, Mechanism, axis_name, normalise
+from longca.vocab import Balance, Mechanism, Pass, axis_name, normalise
 
 
 def _variant(params: dict[str, Any]) -> str:
@@ -207,15 +207,19 @@ def unknown_sweep(name: str, spec_name: str, names: Iterable[str]) -> str | None
     return None if name in names else f"--sweep {name!r}: no such sweep in {spec_name!r}; allowed: {', '.join(names)}"
 
 
-def _check_for(check: dict[str, Any], dtype: str, beyond: bool) -> str:
+def _check_for(check: dict[str, Any], dtype: str, beyond: bool, backward: bool) -> str:
     """The `check` JSON of a cell: a dtype with a late default tolerance gets it (see LATE_TOLERANCES);
     `agree_with` stays only in cells longer than the check length (`beyond`), where it applies, so
-    asking for full-length agreement gives only those cells new digests."""
+    asking for full-length agreement gives only those cells new digests. Those with a backward pass
+    also carry `agree_gradients` (their agreement compares dQ, dK and dV too: longca.run.agreement),
+    which set them apart from the rows measured before it did."""
     check = dict(check)
     if dtype in LATE_TOLERANCES:
         check["tolerance"] = {dtype: LATE_TOLERANCES[dtype], **check.get("tolerance", {})}
     if not beyond:
         check.pop("agree_with", None)
+    elif check.get("agree_with") and backward:
+        check["agree_gradients"] = True
     return json.dumps(check, sort_keys=True)
 
 
@@ -223,10 +227,11 @@ def expand(spec: Spec) -> list[Cell]:
     """Every cell of the spec, in a stable order (cheap cells first within each sweep)."""
     cells: list[Cell] = []
     checks = {
-        (dtype, beyond): _check_for(spec.check, dtype, beyond)
+        (dtype, beyond, backward): _check_for(spec.check, dtype, beyond, backward)
         for sw in spec.sweeps
         for dtype in sw.dtypes
         for beyond in (False, True)
+        for backward in (False, True)
     }
     for sw in spec.sweeps:
         repeat = tuple(sorted(sw.repeat.items()))
@@ -282,7 +287,7 @@ def expand(spec: Spec) -> list[Cell]:
                     seed=spec.seed,
                     samples=_samples(sw, mask),
                     repeat=repeat,
-                    check=checks[dtype, seqlen > int(spec.check["max_seqlen"])],
+                    check=checks[dtype, seqlen > int(spec.check["max_seqlen"]), p != Pass.FWD],
                     timeout_s=sw.timeout_s,
                     world_size=world,
                     cp_mechanism=mech,

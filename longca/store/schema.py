@@ -15,9 +15,9 @@ import pyarrow as pa
 from longca.vocab import Status
 
 SCHEMA_VERSION = (
-    6  # 2: phase times check_s, timer_wall_s, warmup_s; 3: cooldown_s; 4: ci_*; 5: clock_window_*, graph_*;
+    7  # 2: phase times check_s, timer_wall_s, warmup_s; 3: cooldown_s; 4: ci_*; 5: clock_window_*, graph_*;
 )
-# 6: agree_* (full-length agreement)
+# 6: agree_* (full-length agreement); 7: agree_rel_diff_dq/dk/dv (its gradients)
 
 STATUSES = tuple(s.value for s in Status)
 
@@ -165,6 +165,21 @@ _FIELDS: list[tuple[str, pa.DataType, str]] = [
         "cells longer than check_seqlen; since v6)",
     ),
     ("agree_rel_diff", pa.float64(), "||out - out_agree_kernel|| / ||out_agree_kernel|| at the full length (since v6)"),
+    (
+        "agree_rel_diff_dq",
+        pa.float64(),
+        "||dq - dq_agree_kernel|| / ||dq_agree_kernel|| at the full length, cells with a backward (since v7)",
+    ),
+    (
+        "agree_rel_diff_dk",
+        pa.float64(),
+        "||dk - dk_agree_kernel|| / ||dk_agree_kernel|| at the full length, cells with a backward (since v7)",
+    ),
+    (
+        "agree_rel_diff_dv",
+        pa.float64(),
+        "||dv - dv_agree_kernel|| / ||dv_agree_kernel|| at the full length, cells with a backward (since v7)",
+    ),
     (
         "agree_reason",
         pa.string(),

@@ -1,6 +1,7 @@
 """Deliberately broken kernels, registered only in tests (LONGCA_PLUGINS=faulty_kernels).
 
-Each fails in one way a real kernel can: wrong numbers (everywhere, or only beyond the check length), a crash, a hang, an exception, an
+Each fails in one way a real kernel can: wrong numbers (everywhere, or only beyond the check length: its
+output or its gradients), a crash, a hang, an exception, an
 out-of-memory error, or an impossible speed. The pipeline must turn each into the right row.
 One is right but slow (`test_slow`: 1.5 s a call), for time limits that must not fire.
 The hang and segfault kernels are CP per-rank kernels too, failing on rank 1 only, so rank 0 is left
@@ -53,6 +54,10 @@ class Faulty:
             if mode == "wrong_long" and q.shape[2] > 128:
                 # right at the check length, 5% off beyond it: only full-length agreement sees it
                 return good.call(q, k, v) * 1.05
+            if mode == "wrong_grad_long" and q.shape[2] > 128:
+                # the output right everywhere, dQ 5% off beyond the check length: only a full-length
+                # agreement of the gradients sees it (as an index overflow in a long backward would)
+                return good.call(_ScaleGrad.apply(q, 1.05), k, v)
             if mode == "segfault" and q.shape[2] > 128:
                 os.kill(os.getpid(), signal.SIGSEGV)
             if mode == "hang" and q.shape[2] > 128:
@@ -75,6 +80,19 @@ class Faulty:
         return Prepared(call=call, layout=self.layout, info={"backend": "test"})
 
 
+class _ScaleGrad(torch.autograd.Function):
+    """The identity forward; the backward scales the gradient."""
+
+    @staticmethod
+    def forward(ctx, x, factor):
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.factor, None
+
+
 class FaultyRank(RankNaive):
     """CP per-rank kernel failing on rank 1 (hang, segfault; the other modes compute correctly); with
     LONGCA_TEST_PID_DIR set, every rank first leaves RANK-PID there, so a test can tell when the
@@ -94,6 +112,6 @@ class FaultyRank(RankNaive):
         return super().fwd(q, k, v, sub)
 
 
-for _mode in ("wrong", "wrong_long", "segfault", "hang", "raise", "oom", "too_fast", "slow"):
+for _mode in ("wrong", "wrong_long", "wrong_grad_long", "segfault", "hang", "raise", "oom", "too_fast", "slow"):
     if f"test_{_mode}" not in KERNELS:
         register(Faulty(f"test_{_mode}", _mode))

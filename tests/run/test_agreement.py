@@ -10,7 +10,7 @@ from longca.spec.cells import expand
 from longca.spec.load import SpecError, load_spec
 
 
-def spec(kernels, agree="[naive, sdpa_math]", seqlens="[64, 192]", masks="[full]", dtypes="[float32]"):
+def spec(kernels, agree="[naive, sdpa_math]", seqlens="[64, 192]", masks="[full]", dtypes="[float32]", passes="[fwd]"):
     agree_line = f", agree_with: {agree}" if agree else ""
     return load_spec(
         text=f"""
@@ -25,14 +25,14 @@ seqlens: {seqlens}
 heads: ["2:1"]
 head_dims: [16]
 dtypes: {dtypes}
-passes: [fwd]
+passes: {passes}
 sweeps: [{{name: s}}]
 """
     )
 
 
-def _cell(s, kernel, seqlen):
-    return next(c for c in expand(s) if c.kernel == kernel and c.seqlen == seqlen)
+def _cell(s, kernel, seqlen, pass_="fwd"):
+    return next(c for c in expand(s) if c.kernel == kernel and c.seqlen == seqlen and c.pass_ == pass_)
 
 
 def test_a_long_cell_is_compared_with_the_first_other_listed_kernel():
@@ -72,6 +72,55 @@ def test_a_kernel_wrong_only_beyond_the_check_length_is_incorrect(plugin_env):
     # without agreement the same cell passes: what the check alone misses
     (unchecked,) = run_cell(_cell(spec("[test_wrong_long]", agree=None), "test_wrong_long", 192))
     assert unchecked["status"] == "ok"
+
+
+def test_a_backward_cell_compares_the_gradients_too():
+    s = spec("[sdpa_math, naive]", passes="[fwd, bwd]")
+    (fwd,) = run_cell(_cell(s, "sdpa_math", 192))
+    (bwd,) = run_cell(_cell(s, "sdpa_math", 192, "bwd"))
+    assert fwd["status"] == bwd["status"] == "ok" and fwd["agree_kernel"] == bwd["agree_kernel"] == "naive"
+    assert all(fwd.get(f"agree_rel_diff_{g}") is None for g in ("dq", "dk", "dv"))  # a forward times no gradients
+    for g in ("dq", "dk", "dv"):
+        assert 0 <= bwd[f"agree_rel_diff_{g}"] < 1e-5
+    assert 0 <= bwd["agree_rel_diff"] < 1e-5
+
+
+def test_a_kernel_whose_gradients_are_wrong_only_beyond_the_check_length_is_incorrect(plugin_env):
+    s = spec("[test_wrong_grad_long]", passes="[fwd, bwd]")
+    assert run_cell(_cell(s, "test_wrong_grad_long", 64, "bwd"))[0]["status"] == "ok"  # right where checked
+    (fwd,) = run_cell(_cell(s, "test_wrong_grad_long", 192))
+    assert fwd["status"] == "ok" and fwd["agree_rel_diff"] < 1e-5  # its output is right at every length
+    (row,) = run_cell(_cell(s, "test_wrong_grad_long", 192, "bwd"))
+    assert row["status"] == "incorrect"
+    assert row["rel_err_dq"] < 1e-5  # the check at 128 tokens passed: only agreement saw it
+    assert row["agree_kernel"] == "naive" and row["agree_rel_diff"] < 1e-5
+    assert row["agree_rel_diff_dq"] == pytest.approx(0.05, rel=1e-3)  # ||1.05 g - g|| / ||g||
+    assert row["agree_rel_diff_dk"] < 1e-5 and row["agree_rel_diff_dv"] < 1e-5
+    assert "disagrees with naive at the full length S=192" in row["reason"] and "dq=" in row["reason"]
+    assert row.get("median_ms") is None and row.get("tflops") is None  # a wrong result is never a speed
+
+
+def test_only_backward_cells_beyond_the_check_length_change_digest_for_gradient_agreement():
+    s = spec("[sdpa_math]", passes="[fwd, bwd]")
+    assert _cell(s, "sdpa_math", 192, "bwd").check_dict["agree_gradients"] is True
+    assert "agree_gradients" not in _cell(s, "sdpa_math", 192).check_dict  # forward cells keep their digests
+    assert "agree_gradients" not in _cell(s, "sdpa_math", 64, "bwd").check_dict  # no agreement within
+    assert (
+        "agree_gradients"
+        not in _cell(spec("[sdpa_math]", agree=None, passes="[bwd]"), "sdpa_math", 192, "bwd").check_dict
+    )
+
+
+def test_long_cells_share_the_check_of_their_shape(plugin_env):
+    from longca.run.cell import CellCaches
+
+    s = spec("[sdpa_math]", seqlens="[128, 192]", passes="[fwd, bwd]")
+    caches = CellCaches()
+    (bwd,) = run_cell(_cell(s, "sdpa_math", 192, "bwd"), caches)
+    (fwd,) = run_cell(_cell(s, "sdpa_math", 192), caches)
+    (within,) = run_cell(_cell(s, "sdpa_math", 128, "bwd"), caches)  # no agreement keys, the same check
+    assert bwd["check_s"] > 0 and fwd["check_s"] == within["check_s"] == 0.0
+    assert fwd["rel_err_out"] == bwd["rel_err_out"] == within["rel_err_out"]
 
 
 def test_a_failing_comparator_is_passed_over_for_the_next(plugin_env):

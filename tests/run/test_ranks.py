@@ -8,6 +8,7 @@ import os
 import socket
 
 import pyarrow.parquet as pq
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -48,6 +49,9 @@ CELLS = {
     "agree_wrong_long": cp_cell(
         kernel="wrong_beyond_check", seqlen=256, pass_="fwd", check={"max_seqlen": 128, "agree_with": ["naive"]}
     ),
+    "agree_wrong_grad_long": cp_cell(
+        kernel="wrong_grad_beyond_check", seqlen=256, pass_="bwd", check={"max_seqlen": 128, "agree_with": ["naive"]}
+    ),
 }
 
 
@@ -67,17 +71,33 @@ class _WrongBeyondCheck(Naive):
         return (out * 1.05 if q.shape[2] > 64 else out), lse
 
 
+class _WrongGradBeyondCheck(Naive):
+    """Its output right everywhere, its dK 5% off on shards longer than the check's: only a full-length
+    agreement of the gradients sees it."""
+
+    def bwd(self, dout, q, k, v, out, lse, sub):
+        dq, dk, dv = super().bwd(dout, q, k, v, out, lse, sub)
+        return dq, (dk * 1.05 if q.shape[2] > 64 else dk), dv
+
+
 class _WrongBeyondCheckKernel:
     name = "wrong_beyond_check"
     layout = "bhsd"
     description = "test: a per-rank kernel wrong beyond the check length"
     caps = get("naive").caps
+    rank = _WrongBeyondCheck
 
     def rank_kernel(self):
-        return _WrongBeyondCheck()
+        return self.rank()
 
     def prepare(self, mask, **kw):  # on one device it is naive: the comparator's side is right
         return get("naive").prepare(mask, **kw)
+
+
+class _WrongGradBeyondCheckKernel(_WrongBeyondCheckKernel):
+    name = "wrong_grad_beyond_check"
+    description = "test: a per-rank kernel whose gradients are wrong beyond the check length"
+    rank = _WrongGradBeyondCheck
 
 
 class _OffByOnePercentKernel:
@@ -100,6 +120,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)
     KERNELS.setdefault("off_by_one_percent", _OffByOnePercentKernel())
     KERNELS.setdefault("wrong_beyond_check", _WrongBeyondCheckKernel())
+    KERNELS.setdefault("wrong_grad_beyond_check", _WrongGradBeyondCheckKernel())
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     for name, cell in CELLS.items():
         rows = ranks.run_cell(cell, rank, 2, torch.device("cpu"))
@@ -182,4 +203,12 @@ def test_cells_become_rows(tmp_path):
     wrong_long = rows["agree_wrong_long"]
     assert wrong_long["status"] == "incorrect" and wrong_long["rel_err_out"] < 1e-12  # the check passed
     assert "disagrees with naive at the full length S=256" in wrong_long["reason"]
+    assert wrong_long["agree_rel_diff"] == pytest.approx(0.05, rel=1e-6)  # the row keeps what disagreed
     assert wrong_long.get("median_ms") is None
+    # a backward cell's agreement covers the gathered gradients
+    assert all(agree[f"agree_rel_diff_{g}"] < 1e-6 for g in ("dq", "dk", "dv"))
+    wrong_grad = rows["agree_wrong_grad_long"]
+    assert wrong_grad["status"] == "incorrect" and wrong_grad["rel_err_dk"] < 1e-12  # the check passed
+    assert wrong_grad["agree_rel_diff"] < 1e-6 and wrong_grad["agree_rel_diff_dq"] < 1e-6
+    assert "disagrees with naive at the full length S=256" in wrong_grad["reason"] and "dk=" in wrong_grad["reason"]
+    assert wrong_grad.get("median_ms") is None

@@ -18,7 +18,15 @@ NEW_IN_3 = ("cooldown_s",)
 NEW_IN_4 = ("ci_low_ms", "ci_high_ms", "ci_target", "ci_met")
 NEW_IN_5 = ("clock_window_mhz", "clock_window_min_mhz", "throttle_window", "graph_median_ms", "graph_reason")
 NEW_IN_6 = ("agree_kernel", "agree_rel_diff", "agree_reason")
-ADDED = {2: NEW_IN_2, 3: NEW_IN_3, 4: NEW_IN_4, 5: NEW_IN_5, 6: NEW_IN_6}  # columns each schema version added
+NEW_IN_7 = ("agree_rel_diff_dq", "agree_rel_diff_dk", "agree_rel_diff_dv")
+ADDED = {
+    2: NEW_IN_2,
+    3: NEW_IN_3,
+    4: NEW_IN_4,
+    5: NEW_IN_5,
+    6: NEW_IN_6,
+    7: NEW_IN_7,
+}  # columns each schema version added
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -36,7 +44,9 @@ def _write_old(path: Path, rows: list[dict], version: int) -> None:
 
 @pytest.fixture
 def mixed(tmp_path: Path) -> list[str]:
-    v1, v2, v3, v4, v5, new = (tmp_path / "cells" / f"{n}.parquet" for n in ("v1", "v2", "v3", "v4", "v5", "new"))
+    v1, v2, v3, v4, v5, v6, new = (
+        tmp_path / "cells" / f"{n}.parquet" for n in ("v1", "v2", "v3", "v4", "v5", "v6", "new")
+    )
     _write_old(v1, [store_row("a")], 1)
     _write_old(v2, [store_row("c", check_s=0.5, timer_wall_s=1.0, warmup_s=0.25)], 2)
     _write_old(v3, [store_row("d", check_s=0.5, timer_wall_s=1.0, warmup_s=0.25, cooldown_s=1.0)], 3)
@@ -46,6 +56,7 @@ def mixed(tmp_path: Path) -> list[str]:
         [store_row("f", ci_low_ms=0.8, ci_high_ms=1.2, clock_window_mhz=1900, graph_reason="no CUDA graphs on cpu")],
         5,
     )
+    _write_old(v6, [store_row("g", ci_low_ms=0.8, agree_kernel="cudnn_flex", agree_rel_diff=0.002)], 6)
     write_rows(
         new,
         [
@@ -66,11 +77,14 @@ def mixed(tmp_path: Path) -> list[str]:
                 graph_reason=None,
                 agree_kernel="fa4",
                 agree_rel_diff=0.004,
+                agree_rel_diff_dq=0.005,
+                agree_rel_diff_dk=0.006,
+                agree_rel_diff_dv=0.003,
                 agree_reason=None,
             )
         ],
     )
-    return [str(v1), str(v2), str(v3), str(v4), str(v5), str(new)]
+    return [str(v1), str(v2), str(v3), str(v4), str(v5), str(v6), str(new)]
 
 
 def _by_cell(table: pa.Table) -> dict[str, dict]:
@@ -80,18 +94,19 @@ def _by_cell(table: pa.Table) -> dict[str, dict]:
 def test_aggregating_old_and_new_files_keeps_both(mixed: list[str], tmp_path: Path, union) -> None:
     assert all(damage(f) is None for f in mixed)  # an old file is sound, not damaged
     out = tmp_path / "all.parquet"
-    assert union(mixed, out) == 6
+    assert union(mixed, out) == 7
     rows = _by_cell(pq.read_table(out))
-    assert [rows[c]["schema_version"] for c in "acdefb"] == [1, 2, 3, 4, 5, SCHEMA_VERSION]
-    assert SCHEMA_VERSION == 6
-    cols = NEW_IN_2 + NEW_IN_3 + NEW_IN_4 + NEW_IN_5 + NEW_IN_6
-    assert [rows["a"][c] for c in cols] == [None] * 16
-    assert [rows["c"][c] for c in cols] == [0.5, 1.0, 0.25] + [None] * 13
-    assert [rows["d"][c] for c in cols] == [0.5, 1.0, 0.25, 1.0] + [None] * 12
-    assert [rows["e"][c] for c in cols] == [None] * 3 + [1.0, 0.8, 1.2, 0.02, True] + [None] * 8
+    assert [rows[c]["schema_version"] for c in "acdefgb"] == [1, 2, 3, 4, 5, 6, SCHEMA_VERSION]
+    assert SCHEMA_VERSION == 7
+    cols = NEW_IN_2 + NEW_IN_3 + NEW_IN_4 + NEW_IN_5 + NEW_IN_6 + NEW_IN_7
+    assert [rows["a"][c] for c in cols] == [None] * 19
+    assert [rows["c"][c] for c in cols] == [0.5, 1.0, 0.25] + [None] * 16
+    assert [rows["d"][c] for c in cols] == [0.5, 1.0, 0.25, 1.0] + [None] * 15
+    assert [rows["e"][c] for c in cols] == [None] * 3 + [1.0, 0.8, 1.2, 0.02, True] + [None] * 11
     assert [rows["f"][c] for c in cols] == [None] * 4 + [0.8, 1.2, None, None, 1900, None, None, None] + [
         "no CUDA graphs on cpu"
-    ] + [None] * 3
+    ] + [None] * 6
+    assert [rows["g"][c] for c in cols] == [None] * 4 + [0.8] + [None] * 8 + ["cudnn_flex", 0.002] + [None] * 4
     assert [rows["b"][c] for c in cols] == [
         0.25,
         0.5,
@@ -109,6 +124,9 @@ def test_aggregating_old_and_new_files_keeps_both(mixed: list[str], tmp_path: Pa
         "fa4",
         0.004,
         None,
+        0.005,
+        0.006,
+        0.003,
     ]
     assert pq.read_table(out).schema.equals(SCHEMA, check_metadata=False)  # the current schema, whatever came first
 
@@ -116,7 +134,7 @@ def test_aggregating_old_and_new_files_keeps_both(mixed: list[str], tmp_path: Pa
 def test_unpacking_a_mixed_aggregate_keeps_each_rows_version(mixed: list[str], tmp_path: Path) -> None:
     out = tmp_path / "all.parquet"
     aggregate(mixed, out)
-    assert unpack(out, tmp_path / "results") == (6, 0)
+    assert unpack(out, tmp_path / "results") == (7, 0)
     table, _ = read_rows([tmp_path / "results"])
     rows = _by_cell(table)
     assert (rows["a"]["schema_version"], rows["a"]["check_s"]) == (1, None)
@@ -124,14 +142,19 @@ def test_unpacking_a_mixed_aggregate_keeps_each_rows_version(mixed: list[str], t
     assert (rows["d"]["schema_version"], rows["d"]["cooldown_s"], rows["d"]["ci_low_ms"]) == (3, 1.0, None)
     assert (rows["e"]["schema_version"], rows["e"]["ci_high_ms"], rows["e"]["clock_window_mhz"]) == (4, 1.2, None)
     assert (rows["f"]["schema_version"], rows["f"]["clock_window_mhz"], rows["f"]["agree_kernel"]) == (5, 1900, None)
-    assert (rows["b"]["schema_version"], rows["b"]["ci_high_ms"], rows["b"]["agree_kernel"]) == (6, 1.1, "fa4")
+    assert (rows["g"]["schema_version"], rows["g"]["agree_kernel"], rows["g"]["agree_rel_diff_dq"]) == (
+        6,
+        "cudnn_flex",
+        None,
+    )
+    assert (rows["b"]["schema_version"], rows["b"]["agree_kernel"], rows["b"]["agree_rel_diff_dq"]) == (7, "fa4", 0.005)
 
 
 def test_report_loader_reads_old_and_new_files_together(mixed: list[str]) -> None:
     table, df = read_rows(mixed)
     assert table.schema == SCHEMA
-    assert df.sort("cell_id").get_column("timer_wall_s").to_list() == [None, 0.5, 1.0, 1.0, None, None]
-    assert df.sort("cell_id").get_column("cooldown_s").to_list() == [None, 2.0, None, 1.0, 1.0, None]
+    assert df.sort("cell_id").get_column("timer_wall_s").to_list() == [None, 0.5, 1.0, 1.0, None, None, None]
+    assert df.sort("cell_id").get_column("cooldown_s").to_list() == [None, 2.0, None, 1.0, 1.0, None, None]
 
 
 def test_committed_results_of_older_schemas_still_read(tmp_path: Path) -> None:
@@ -156,5 +179,7 @@ def test_committed_results_of_older_schemas_still_read(tmp_path: Path) -> None:
         assert df.filter(df["schema_version"] == 1).get_column("check_s").null_count() == 20
     before_ci = df.filter(df["schema_version"] < 4)
     assert before_ci.get_column("ci_low_ms").null_count() == before_ci.height
-    assert df.filter(df["schema_version"] < 5).get_column("clock_window_mhz").null_count() == old.num_rows
+    before_window = df.filter(df["schema_version"] < 5)
+    assert before_window.height == sum(v < 5 for v in old.column("schema_version").to_pylist())
+    assert before_window.get_column("clock_window_mhz").null_count() == before_window.height
     assert df.filter(df["schema_version"] == SCHEMA_VERSION).get_column("cooldown_s").to_list() == [0.0]
