@@ -591,6 +591,31 @@ def _status_page(
     )
     _table_section(
         page,
+        "Full-length agreement",
+        queries.agreement(rows),
+        [
+            "spec",
+            "sweep",
+            "kernel",
+            "pass",
+            "comparator",
+            "rows",
+            "lengths",
+            "max_out",
+            "max_grad",
+            "grads_compared",
+            "incorrect",
+            "reason",
+        ],
+        "Cells longer than their correctness check (check.max_seqlen) compare each draw, at their own length "
+        "and on the same inputs, with a second kernel (the first of check.agree_with that serves the cell): "
+        "the output, and dQ, dK and dV on cells with a backward (rows measured since result schema 7). "
+        "max_out, max_grad: the largest relative difference ||x - x_other|| / ||x_other|| over the drawn rows; "
+        "a difference above the dtype's tolerance makes the row incorrect. comparator none: no listed kernel "
+        "served these rows (reason: the first one's why).",
+    )
+    _table_section(
+        page,
         "GPU clocks",
         queries.clocks(timing_rows),
         [

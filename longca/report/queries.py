@@ -760,6 +760,53 @@ def intervals(rows: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def agreement(rows: pl.DataFrame) -> pl.DataFrame:
+    """Per (spec, sweep, kernel, pass, comparator): the full-length agreement of the drawn rows that
+    asked for one (cells longer than their check: longca.run.agreement). `lengths`: the shortest and
+    longest compared; `max_out`, `max_grad`: the largest relative difference of the output and of
+    dQ, dK, dV (cells with a backward, schema 7 on); `incorrect`: rows it made incorrect;
+    `comparator` "none": rows no listed kernel served, with the first such reason."""
+    grads = ["agree_rel_diff_dq", "agree_rel_diff_dk", "agree_rel_diff_dv"]
+    if not {"agree_kernel", "agree_rel_diff", "agree_reason"} <= set(rows.columns):
+        return pl.DataFrame()
+    d = rows.filter(pl.col("agree_kernel").is_not_null() | pl.col("agree_reason").is_not_null())
+    if d.height == 0:
+        return pl.DataFrame()
+    for name in grads:
+        if name not in d.columns:
+            d = d.with_columns(pl.lit(None, pl.Float64).alias(name))
+    return (
+        d.with_columns(
+            comparator=pl.col("agree_kernel").fill_null("none"),
+            _grad=pl.max_horizontal(grads),
+        )
+        .group_by("spec", "sweep", "kernel", "pass", "comparator")
+        .agg(
+            rows=pl.len(),
+            _lo=pl.col("seqlen_q").min(),
+            _hi=pl.col("seqlen_q").max(),
+            max_out=pl.col("agree_rel_diff").max(),
+            max_grad=pl.col("_grad").max(),
+            grads_compared=pl.col("_grad").is_not_null().sum(),
+            incorrect=(pl.col("status") == "incorrect").sum(),
+            reason=pl.col("agree_reason").drop_nulls().first(),
+        )
+        .with_columns(
+            lengths=pl.when(pl.col("_lo") == pl.col("_hi"))
+            .then(pl.col("_lo").map_elements(length_label, return_dtype=pl.String))
+            .otherwise(
+                pl.format(
+                    "{}-{}",
+                    pl.col("_lo").map_elements(length_label, return_dtype=pl.String),
+                    pl.col("_hi").map_elements(length_label, return_dtype=pl.String),
+                )
+            ),
+        )
+        .drop("_lo", "_hi")
+        .sort("spec", "sweep", "kernel", "pass", "comparator")
+    )
+
+
 def cp_vs_single(c: pl.DataFrame) -> pl.DataFrame:
     """Each ok CP cell against the same kernel on one GPU of the same model with the same per-rank
     work: global length / world size tokens, same mask and mask variant, heads, head dim, dtype and

@@ -719,3 +719,57 @@ def test_shape_study_pairs_a_sampled_mask_only_at_the_same_number_of_draws() -> 
     assert sorted(study.get_column("head_dim")) == [128, 256]
     table, variants = queries.shape_table(study)
     assert variants == ["D=128 bf16", "D=256 bf16"] and table.get_column("mask_samples").to_list() == [3]
+
+
+def test_agreement_summarises_the_full_length_comparisons_per_kernel_pass_and_comparator() -> None:
+    w = dict(spec="s", sweep="long")
+    rows = [
+        _row(cell_id="f1", s=65536, agree_kernel="fa4", agree_rel_diff=0.001, **w, **{"pass": "fwd"}),
+        _row(cell_id="f2", s=524288, agree_kernel="fa4", agree_rel_diff=0.002, **w, **{"pass": "fwd"}),
+        _row(
+            cell_id="b1",
+            s=524288,
+            agree_kernel="fa4",
+            agree_rel_diff=0.002,
+            agree_rel_diff_dq=0.004,
+            agree_rel_diff_dk=0.006,
+            agree_rel_diff_dv=0.003,
+            **w,
+            **{"pass": "bwd"},
+        ),
+        # measured before gradients were compared (schema 6): no gradient difference
+        _row(cell_id="b0", s=131072, agree_kernel="fa4", agree_rel_diff=0.001, **w, **{"pass": "bwd"}),
+        _row(
+            cell_id="bad",
+            s=131072,
+            status="incorrect",
+            tflops=None,
+            agree_kernel="fa4",
+            agree_rel_diff=0.001,
+            agree_rel_diff_dq=0.3,
+            **w,
+            **{"pass": "bwd"},
+        ),
+        _row(
+            cell_id="lone", s=262144, agree_reason="no second kernel serves this cell: fa4: no", **w, **{"pass": "fwd"}
+        ),
+        _row(cell_id="short", s=4096, **w, **{"pass": "fwd"}),  # within the check length: not listed
+    ]
+    got = {(r["pass"], r["comparator"]): r for r in queries.agreement(pl.from_arrow(to_table(rows))).to_dicts()}
+    assert set(got) == {("fwd", "fa4"), ("bwd", "fa4"), ("fwd", "none")}
+    fwd, bwd, none = got["fwd", "fa4"], got["bwd", "fa4"], got["fwd", "none"]
+    assert (fwd["rows"], fwd["lengths"], fwd["max_out"], fwd["max_grad"], fwd["grads_compared"]) == (
+        2,
+        "64K-512K",
+        0.002,
+        None,
+        0,
+    )
+    assert (bwd["rows"], bwd["lengths"], bwd["max_grad"], bwd["grads_compared"], bwd["incorrect"]) == (
+        3,
+        "128K-512K",
+        0.3,
+        2,
+        1,
+    )
+    assert (none["rows"], none["lengths"], none["reason"]) == (1, "256K", "no second kernel serves this cell: fa4: no")
