@@ -157,3 +157,35 @@ def test_every_static_mask_matches_the_reference_on_a_gpu(kernel, mask_name):
     assert relative_error(back(out), ref) < 3e-2
     for a, b in zip(mine, ref_in):
         assert relative_error(back(a.grad), b.grad) < 9e-2
+
+
+@pytest.mark.parametrize("kernel", ["flex_fa4", "cudnn_flex", "cudnn_flex_varlen"])
+def test_a_long_backward_cell_agrees_with_fa4_on_output_and_gradients_on_a_gpu(kernel):
+    """The full-length agreement on real kernels (run on the H200): a backward cell beyond the check
+    length compares its timed calls' output and dQ, dK, dV with FA4's on the same draw."""
+    if not (_ready(kernel) and _ready("fa4")):
+        pytest.skip(f"{kernel} and fa4 need CUDA (sm90+) and their packages")
+    spec = load_spec(
+        text=f"""
+name: t
+device: cuda
+repeat: {{warmup: 1, iters: 3, min_iters: 3, budget_s: 1.0}}
+kernels: [{kernel}]
+masks: [causal_document]
+mask_samples: {{multi_document: 1, single: 1}}
+seqlens: [4096]
+heads: ["8:2"]
+head_dims: [128]
+dtypes: [bfloat16]
+passes: [bwd]
+check: {{max_seqlen: 1024, agree_with: [fa4, cudnn_flex]}}
+sweeps: [{{name: s}}]
+"""
+    )
+    (cell,) = expand(spec)
+    assert cell.check_dict["agree_gradients"] is True
+    (row,) = run_cell(cell)
+    assert row["status"] == "ok", row["reason"]
+    assert row["agree_kernel"] == "fa4" and row["check_seqlen"] == 1024
+    for name in ("agree_rel_diff", "agree_rel_diff_dq", "agree_rel_diff_dk", "agree_rel_diff_dv"):
+        assert 0 <= row[name] < 2e-2, (name, row[name])  # two bf16 kernels on one problem
