@@ -31,6 +31,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "several hold: the last one's rows): what a call on a size-capped GPU host carries so that it "
         "skips them (docs/gpu-host.md)",
     )
+    p.add_argument(
+        "--superseded-out",
+        metavar="PARQUET",
+        help="write the rows of the --rows aggregates whose digest no cell of the spec has (measured "
+        "under an earlier version of it, or cells it dropped) to this file: with --rows-out and no "
+        "selection, a published aggregate splits into its current set and the downloadable rest",
+    )
     p.set_defaults(func=_plan)
 
 
@@ -53,6 +60,10 @@ def _plan(args: argparse.Namespace) -> int:
     if args.rows_out:
         n = _write_rows_of(args.rows, wanted, args.rows_out)
         print(f"{args.rows_out}: {n} rows of the selected cells from {', '.join(args.rows) or 'no --rows'}")
+    if args.superseded_out:
+        n = _write_rows_outside(args.rows, {c.digest for c in cells}, args.superseded_out)
+        sources = ", ".join(args.rows) or "no --rows"
+        print(f"{args.superseded_out}: {n} rows of digests the spec no longer has from {sources}")
     recorded, refused = _digests(args.rows)
     kind_of = {c.digest: j.kind for j in jobs for c in j.cells if c.digest in wanted and c.digest not in recorded}
     pending_jobs = [j for j in jobs if any(c.digest in kind_of for c in j.cells)]
@@ -113,6 +124,29 @@ def _write_rows_of(paths: list[str], digests: set[str], out: str) -> int:
         part = table.filter(pc.is_in(table["cell_digest"], value_set=pa.array(sorted(left), type=pa.string())))
         left -= set(part.column("cell_digest").to_pylist())
         parts.insert(0, part)
+    table = (
+        pa.concat_tables(parts, promote_options="permissive")
+        if parts
+        else pa.table({"cell_digest": pa.array([], pa.string())})
+    )
+    write_table(out, table, level=PUBLISHED_ZSTD_LEVEL)
+    return table.num_rows
+
+
+def _write_rows_outside(paths: list[str], digests: set[str], out: str) -> int:
+    """Write the rows of these aggregates whose cell digest is not in `digests` (or is missing) to
+    `out` (the published compression); returns how many."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from longca.store.write import PUBLISHED_ZSTD_LEVEL, write_table
+
+    current = pa.array(sorted(digests), type=pa.string())
+    parts = [
+        t.filter(pc.invert(pc.fill_null(pc.is_in(t["cell_digest"], value_set=current), False)))
+        for t in map(pq.read_table, paths)
+    ]
     table = (
         pa.concat_tables(parts, promote_options="permissive")
         if parts

@@ -150,3 +150,22 @@ def test_rows_out_takes_a_cell_held_by_two_aggregates_from_the_last_one(tmp_path
     assert sorted(zip(carried["cell_digest"], carried["median_ms"])) == sorted(
         [(a, 1.0), (a, 1.5), (b, 2.5), (naive[2].digest, 3.0)]
     )
+
+
+def test_rows_out_and_superseded_out_split_an_aggregate_into_its_current_set_and_the_rest(
+    tmp_path: Path, capsys
+) -> None:
+    # When a re-measure is complete, the published aggregate becomes its current set, and the rows
+    # of digests the spec no longer has go to a file of their own, every row in exactly one of them.
+    cells = expand(load_spec(SPEC))
+    digests = [cells[0].digest, cells[0].digest, cells[5].digest, "0123456789abcdef", None]
+    agg = tmp_path / "all.parquet"
+    pq.write_table(pa.table({"cell_digest": digests, "median_ms": [1.0, 2.0, 3.0, 4.0, 5.0]}), agg)
+    current, rest = tmp_path / "current.parquet", tmp_path / "superseded.parquet"
+    args = ["plan", SPEC, "--results", str(tmp_path / "none"), "--rows", str(agg)]
+    assert main([*args, "--rows-out", str(current), "--superseded-out", str(rest)]) == 0
+    out = capsys.readouterr().out
+    assert f"{current}: 3 rows of the selected cells" in out
+    assert f"{rest}: 2 rows of digests the spec no longer has from {agg}" in out
+    assert pq.read_table(current).to_pydict() == {"cell_digest": digests[:3], "median_ms": [1.0, 2.0, 3.0]}
+    assert pq.read_table(rest).to_pydict() == {"cell_digest": digests[3:], "median_ms": [4.0, 5.0]}
