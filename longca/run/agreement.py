@@ -12,9 +12,9 @@ such a cell times is the gradients: an index that overflows only in a long backw
 elements at 512K tokens x 64 heads x 128) is seen by no forward. A difference above the dtype's
 tolerance (the output's, or the gradients' `grad_factor` times looser) makes the row `incorrect`. A
 comparator that refuses or fails at run time is passed over for the next; the reason is kept when
-none serves. The single-device runner compares after timing, on what the timed calls left (a
-backward cell's last gradients and its forward's output), so the comparison costs the comparator's
-calls; a forward cell runs its forward once more.
+none serves. The single-device runner compares a backward cell after timing, on what the timed
+calls left (the last gradients and their forward's output), so the comparison costs only the
+comparator's calls; a forward cell runs one more forward of its own before it is timed.
 
 A dtype no comparator takes (fp8) is compared in bfloat16 on the same values: e4m3 numbers are
 exact in bfloat16, so the comparator computes the same function on the same inputs.

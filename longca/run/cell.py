@@ -366,6 +366,37 @@ def _measure_sample(
         keep=True,
     )
     prepared, form = prepare_for(cell, kernel, mask, dtype, device, need_grad)
+
+    def agree(own_results):  # the full-length agreement of this draw (longca.run.agreement)
+        return compare(
+            cell,
+            mask,
+            tuple(_to_bshd(x, kernel.layout, cell.batch) for x in (q, k, v)),
+            own_results,
+            device,
+            dout_bshd=_to_bshd(do, kernel.layout, cell.batch) if need_grad else None,
+        )
+
+    def incorrect(agreement):  # a wrong result is never a speed: the row keeps what disagreed, no timing
+        reason = agreement.pop("incorrect")
+        return {
+            **mask_columns(mask, sample),
+            "mask_form": form,
+            **agreement,
+            **check_columns(check or {}),
+            "status": Status.INCORRECT.value,
+            "reason": reason,
+            "_kernel_s": 0.0,
+        }
+
+    # A forward cell compares a fresh forward before it is timed (its outputs freed before the
+    # peak-memory count), as since the protocol began; a cell with a backward compares what its timed
+    # calls left, after them (below).
+    agreement: dict[str, Any] = {}
+    if agreement_applies(cell) and not need_grad:
+        agreement = agree(lambda: _timed_results(prepared, kernel.layout, cell, (q, k, v), None))
+        if "incorrect" in agreement:
+            return incorrect(agreement)
     timer = timer_for(device, bool(rep.get("l2_flush", True)))
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -408,28 +439,11 @@ def _measure_sample(
         graph = graph_columns(cell, rep, timer, lambda: prepared.call(q, k, v), device, timing.median_ms)
     peak = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
     clock1 = gpu_clock_state() if device.type == "cuda" else {}
-    agreement: dict[str, Any] = {}
-    if agreement_applies(cell):  # after the peak-memory count: the comparator's memory is not the kernel's
-        agreement = compare(
-            cell,
-            mask,
-            tuple(_to_bshd(x, kernel.layout, cell.batch) for x in (q, k, v)),
-            lambda: _timed_results(prepared, kernel.layout, cell, (q, k, v), saved.get("out")),
-            device,
-            dout_bshd=_to_bshd(do, kernel.layout, cell.batch) if need_grad else None,
-        )
+    if agreement_applies(cell) and need_grad:  # after the peak-memory read: the comparator's memory is not counted
+        agreement = agree(lambda: _timed_results(prepared, kernel.layout, cell, (q, k, v), saved.get("out")))
         saved.clear()
-        if "incorrect" in agreement:  # a wrong result is never a speed
-            failed = agreement.pop("incorrect")
-            return {
-                **mask_columns(mask, sample),
-                "mask_form": form,
-                **agreement,
-                **check_columns(check or {}),
-                "status": Status.INCORRECT.value,
-                "reason": failed,
-                "_kernel_s": 0.0,
-            }
+        if "incorrect" in agreement:
+            return incorrect(agreement)
     area = mask.area_per_head * cell.batch
     row: dict[str, Any] = {
         **mask_columns(mask, sample),

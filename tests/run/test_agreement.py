@@ -8,6 +8,7 @@ from longca.measure.reference import relative_error
 from longca.run.cell import run_cell
 from longca.spec.cells import expand
 from longca.spec.load import SpecError, load_spec
+from longca.store.schema import COLUMNS
 
 
 def spec(kernels, agree="[naive, sdpa_math]", seqlens="[64, 192]", masks="[full]", dtypes="[float32]", passes="[fwd]"):
@@ -69,6 +70,7 @@ def test_a_kernel_wrong_only_beyond_the_check_length_is_incorrect(plugin_env):
     assert row["agree_kernel"] == "naive" and row["agree_rel_diff"] == pytest.approx(0.05, rel=1e-3)
     assert "disagrees with naive at the full length S=192" in row["reason"]
     assert row.get("median_ms") is None and row.get("tflops") is None  # a wrong result is never a speed
+    assert set(row) <= set(COLUMNS) | {"_kernel_s"}  # every key a result column
     # without agreement the same cell passes: what the check alone misses
     (unchecked,) = run_cell(_cell(spec("[test_wrong_long]", agree=None), "test_wrong_long", 192))
     assert unchecked["status"] == "ok"
@@ -98,6 +100,7 @@ def test_a_kernel_whose_gradients_are_wrong_only_beyond_the_check_length_is_inco
     assert row["agree_rel_diff_dk"] < 1e-5 and row["agree_rel_diff_dv"] < 1e-5
     assert "disagrees with naive at the full length S=192" in row["reason"] and "dq=" in row["reason"]
     assert row.get("median_ms") is None and row.get("tflops") is None  # a wrong result is never a speed
+    assert set(row) <= set(COLUMNS) | {"_kernel_s"}  # every key a result column
 
 
 def test_only_backward_cells_beyond_the_check_length_change_digest_for_gradient_agreement():
