@@ -17,8 +17,9 @@ cell's committed samples, in their order: batches as large as the samples so far
 interval's half-width is taken to shrink as 1/sqrt(n). Per row it adds the warm-up (`warmup_s` of
 calls), the L2 flush per call, the graph replays of forward cells (`repeat.graph`, as many calls
 again, below `graph_below_ms`), the full-length agreement of cells beyond the check length
-(`check.agree_with`: the cell's own forward and a comparator's, at the cell's forward time) and a
-per-row overhead; per cell its
+(`check.agree_with`: the cell's own forward and a comparator's, at the cell's forward time; where
+the gradients are compared, `agree_gradients`, the comparator's forward and backward, at the cell's
+forward and call time) and a per-row overhead; per cell its
 committed check and compile seconds; per sweep a fixed start-up. A row per mask draw of the spec.
 Cells the spec marks unsupported cost nothing; failed cells their committed wall (a timeout its
 limit); cells never measured the median projection of measured cells of the same sweep, length and
@@ -152,7 +153,10 @@ def project_spec(
                 t += n * (call + per_call_ms) + call
             if check.get("agree_with") and cell.seqlen > int(check["max_seqlen"]):
                 fwd = fwd_ms.get(ident.replace(f"/pass={cell.pass_}/", "/pass="), call / 2.5)
-                t += 2 * fwd
+                # a forward cell: its own forward and the comparator's; with gradients compared, the
+                # comparator's forward and backward (the timed calls' own results are compared, and a
+                # fwd_bwd cell's output is one more forward); the comparator at the cell's own pace
+                t += fwd + call if check.get("agree_gradients") else 2 * fwd
             per_draw.append(t / 1000.0)
         first = ok[0]
         return sum(per_draw) / len(per_draw) * cell.samples + float(first[5] or 0.0) + float(first[6] or 0.0)

@@ -27,13 +27,13 @@ def test_overheads_lower_the_share_as_declared() -> None:
     assert share == pytest.approx(2.0 / wall)
 
 
-def _rows_of(path: Path, cell_id: str, cell) -> Path:
+def _rows_of(path: Path, cell_id: str, cell, median_ms: float = 2.0) -> Path:
     """One ok row per mask draw of `cell`, recorded under `cell_id` (its current id or an older one)."""
     from longca.store.write import write_rows
 
     rows = [
         {
-            "spec": "default",
+            "spec": cell.spec,
             "sweep": cell.sweep,
             "cell_id": cell_id,
             "cell_digest": cell_id.rsplit("@", 1)[1],
@@ -49,8 +49,8 @@ def _rows_of(path: Path, cell_id: str, cell) -> Path:
             "dtype": "float32",
             "world_size": 1,
             "status": "ok",
-            "median_ms": 2.0,
-            "samples_ms": [2.0, 2.0, 2.0],
+            "median_ms": median_ms,
+            "samples_ms": [median_ms] * 3,
             "cell_wall_s": 1.0,
             "check_s": 0.5,
             "mask_sample": s,
@@ -131,3 +131,40 @@ def test_resampled_within_counts_rows_a_floor_would_bring_within_the_goal(tmp_pa
     assert sp.resampled_within(str(path), floor_calls=0, iters=1000) == (3, 1, 1)
     assert sp.resampled_within(str(path), floor_calls=400, iters=1000) == (3, 1, 2)
     assert sp.resampled_within(str(path), floor_calls=400, iters=20) == (3, 1, 1)  # the cap binds
+
+
+def test_full_length_agreement_adds_the_comparators_calls(tmp_path: Path) -> None:
+    # beyond the check length a forward cell adds its own forward and the comparator's; a backward
+    # cell, whose gradients are compared on its timed calls' results, the comparator's forward and
+    # backward (at the cell's own forward and backward pace)
+    from longca.spec.cells import expand
+    from longca.spec.load import load_spec
+    from longca.store.aggregate import aggregate
+
+    spec = tmp_path / "t.yaml"
+    spec.write_text(
+        """
+name: t
+device: cpu
+repeat: {warmup: 1, iters: 3, min_iters: 3, budget_s: 0.5, l2_flush: false}
+check: {max_seqlen: 128, agree_with: [sdpa_math]}
+kernels: [naive]
+masks: [full]
+seqlens: [192]
+heads: ["4:4"]
+head_dims: [32]
+dtypes: [float32]
+passes: [fwd, bwd]
+sweeps: [{name: s}]
+"""
+    )
+    fwd, bwd = sorted(expand(load_spec(spec)), key=lambda c: c.pass_ != "fwd")
+    assert bwd.check_dict.get("agree_gradients") and not fwd.check_dict.get("agree_gradients")
+    parts = [_rows_of(tmp_path / "f.parquet", fwd.id, fwd, 2.0), _rows_of(tmp_path / "b.parquet", bwd.id, bwd, 5.0)]
+    rows = tmp_path / "all.parquet"
+    aggregate([str(p) for p in parts], rows)
+    got = sp.project_spec(str(spec), str(rows), 0.0, 0.0, 0.0, by_length=False)["s"][3]
+    # per cell: one warm-up and three timed calls, the check's 0.5 s, and the agreement
+    fwd_s = (2.0 + 3 * 2.0 + 2 * 2.0) / 1000.0 + 0.5
+    bwd_s = (5.0 + 3 * 5.0 + (2.0 + 5.0)) / 1000.0 + 0.5
+    assert got == pytest.approx(fwd_s + bwd_s)
