@@ -117,20 +117,12 @@ def _write_rows_of(paths: list[str], digests: set[str], out: str) -> int:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from longca.store.write import PUBLISHED_ZSTD_LEVEL, write_table
-
     parts, left = [], set(digests)
     for table in map(pq.read_table, reversed(paths)):
         part = table.filter(pc.is_in(table["cell_digest"], value_set=pa.array(sorted(left), type=pa.string())))
         left -= set(part.column("cell_digest").to_pylist())
         parts.insert(0, part)
-    table = (
-        pa.concat_tables(parts, promote_options="permissive")
-        if parts
-        else pa.table({"cell_digest": pa.array([], pa.string())})
-    )
-    write_table(out, table, level=PUBLISHED_ZSTD_LEVEL)
-    return table.num_rows
+    return _write_parts(parts, out)
 
 
 def _write_rows_outside(paths: list[str], digests: set[str], out: str) -> int:
@@ -140,13 +132,21 @@ def _write_rows_outside(paths: list[str], digests: set[str], out: str) -> int:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from longca.store.write import PUBLISHED_ZSTD_LEVEL, write_table
-
     current = pa.array(sorted(digests), type=pa.string())
     parts = [
         t.filter(pc.invert(pc.fill_null(pc.is_in(t["cell_digest"], value_set=current), False)))
         for t in map(pq.read_table, paths)
     ]
+    return _write_parts(parts, out)
+
+
+def _write_parts(parts: list, out: str) -> int:
+    """The tables as one file at the published compression (an empty one when there are none);
+    returns its row count."""
+    import pyarrow as pa
+
+    from longca.store.write import PUBLISHED_ZSTD_LEVEL, write_table
+
     table = (
         pa.concat_tables(parts, promote_options="permissive")
         if parts
