@@ -218,11 +218,9 @@ def test_empty_and_sparse_inputs_still_build(tmp_path: Path) -> None:
         assert all(c == "overview-support" for c in built.charts)
 
 
-def test_status_page_tables_phases_from_new_rows_beside_old_files(tmp_path: Path) -> None:
-    from longca.report import build_report
-    from longca.store.schema import to_table
-
-    base = dict(
+def _ok_row(**kw) -> dict:
+    """An ok row of a 1K full-mask cell on one device (the Status page tests); `kw` overrides."""
+    row = dict(
         spec="s",
         kernel="k",
         mask="full",
@@ -239,9 +237,15 @@ def test_status_page_tables_phases_from_new_rows_beside_old_files(tmp_path: Path
         device_name="dev",
         host="h",
         world_size=1,
-        samples_ms=[500.0],
-        cell_wall_s=2.0,
     )
+    return {**row, **kw}
+
+
+def test_status_page_tables_phases_from_new_rows_beside_old_files(tmp_path: Path) -> None:
+    from longca.report import build_report
+    from longca.store.schema import to_table
+
+    base = _ok_row(samples_ms=[500.0], cell_wall_s=2.0)
     old = to_table([dict(base, sweep="old_sweep", cell_id="o", schema_version=1)])
     old = old.drop_columns(["check_s", "timer_wall_s", "warmup_s"])  # as schema 1 wrote it
     pq.write_table(old, tmp_path / "old.parquet")
@@ -261,28 +265,7 @@ def test_probe_rows_join_the_timing_tables_only(tmp_path: Path) -> None:
     from longca.report import build_report
     from longca.store.schema import to_table
 
-    base = dict(
-        kernel="k",
-        mask="full",
-        seqlen_q=1024,
-        seqlen_k=1024,
-        batch=1,
-        heads_q=8,
-        heads_kv=8,
-        head_dim=64,
-        dtype="bf16",
-        status="ok",
-        tflops=1.0,
-        median_ms=1.0,
-        device_name="dev",
-        host="h",
-        world_size=1,
-        samples_ms=[500.0],
-        cell_wall_s=2.0,
-        check_s=0.5,
-        timer_wall_s=1.0,
-        warmup_s=0.25,
-    )
+    base = _ok_row(samples_ms=[500.0], cell_wall_s=2.0, check_s=0.5, timer_wall_s=1.0, warmup_s=0.25)
     pq.write_table(to_table([dict(base, spec="s", sweep="main_sweep", cell_id="m")]), tmp_path / "rows.parquet")
     # a probe may re-measure the committed sweep's own cell: its rows stay apart, named for their file
     pq.write_table(
@@ -304,31 +287,38 @@ def test_probe_rows_join_the_timing_tables_only(tmp_path: Path) -> None:
     assert built.charts  # the main rows are drawn
 
 
+def test_the_full_length_agreement_is_tabled_on_the_status_page(tmp_path: Path) -> None:
+    from longca.report import build_report
+    from longca.store.schema import to_table
+
+    long_ = dict(sweep="long", seqlen_q=524288, seqlen_k=524288, agree_kernel="fa4", agree_rel_diff=0.0009)
+    rows = [
+        _ok_row(cell_id="f", **long_, **{"pass": "fwd"}),
+        _ok_row(
+            cell_id="b",
+            **long_,
+            agree_rel_diff_dq=0.0021,
+            agree_rel_diff_dk=0.0017,
+            agree_rel_diff_dv=0.0012,
+            **{"pass": "bwd"},
+        ),
+        _ok_row(cell_id="short", sweep="dense"),  # within the check length: no agreement
+    ]
+    pq.write_table(to_table(rows), tmp_path / "rows.parquet")
+    build_report([tmp_path / "rows.parquet"], tmp_path / "site", png=False)
+    status = (tmp_path / "site" / "status.html").read_text()
+    section = status.split("Full-length agreement")[1].split("</table>")[0]
+    assert section.count("<tr") == 3  # the header, the forward and the backward line of the long cell
+    assert ">512K<" in section and ">fa4<" in section and "0.0021" in section and ">dense<" not in section
+
+
 def test_superseded_rows_are_listed_and_timed_but_never_drawn(tmp_path: Path) -> None:
     from datetime import datetime
 
     from longca.report import build_report
     from longca.store.schema import to_table
 
-    base = dict(
-        spec="s",
-        sweep="dense",
-        kernel="k",
-        mask="full",
-        seqlen_q=1024,
-        seqlen_k=1024,
-        batch=1,
-        heads_q=8,
-        heads_kv=8,
-        head_dim=64,
-        dtype="bf16",
-        status="ok",
-        median_ms=1.0,
-        device_name="dev",
-        host="h",
-        world_size=1,
-        cell_wall_s=2.0,
-    )
+    base = _ok_row(sweep="dense", cell_wall_s=2.0)
     old = dict(
         base,
         cell_id="k/full@aaaa",
@@ -380,24 +370,16 @@ def test_cells_the_given_spec_no_longer_has_are_named_on_the_status_page(tmp_pat
         "sweeps:\n  - name: dense\n    kernels: [naive]\n    masks: [full]\n    seqlens: [128]\n"
     )
     (cell,) = expand(load_spec(spec))
-    base = dict(
+    base = _ok_row(
         spec="tiny",
         sweep="dense",
         kernel="naive",
-        mask="full",
         seqlen_q=128,
         seqlen_k=128,
-        batch=1,
         heads_q=2,
         heads_kv=2,
         head_dim=16,
         dtype="float32",
-        status="ok",
-        tflops=1.0,
-        median_ms=1.0,
-        device_name="dev",
-        host="h",
-        world_size=1,
     )
     current = dict(base, cell_id=cell.id, cell_digest=cell.digest)
     pq.write_table(to_table([current]), tmp_path / "now.parquet")
