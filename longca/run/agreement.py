@@ -154,9 +154,10 @@ def compare(
             if not diff <= (out_tol if name == "out" else grad_tol)  # NaN never passes
         ]
         if bad:
+            limits = f"{out_tol:g} out" + (f", {grad_tol:g} gradients" if grads else "")
             row["incorrect"] = (
                 f"disagrees with {other.kernel} at the full length S={cell.seqlen}: relative difference "
-                f"above the {cell.dtype} tolerance ({out_tol:g} out, {grad_tol:g} grads): " + ", ".join(bad)
+                f"above the {cell.dtype} tolerance ({limits}): " + ", ".join(bad)
             )
         return row
     return {"agree_reason": "no second kernel served this cell: " + "; ".join(why)}
