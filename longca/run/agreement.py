@@ -19,10 +19,10 @@ comparator's calls; a forward cell runs one more forward of its own before it is
 A dtype no comparator takes (fp8) is compared in bfloat16 on the same values: e4m3 numbers are
 exact in bfloat16, so the comparator computes the same function on the same inputs.
 
-A context-parallel cell gathers every rank's inputs and output to rank 0, which compares the
-mechanism's output with a single-device kernel's on the whole sequence (the cell's own kernel
-included: on one device it checks the mechanism); every rank gets the verdict
-(longca.run.ranks).
+A context-parallel cell gathers every rank's inputs and output (and, with a backward, upstream
+gradient and gradients) to rank 0, which compares the mechanism's with a single-device kernel's on
+the whole sequence (the cell's own kernel included: on one device it checks the mechanism); every
+rank gets the verdict (longca.run.ranks).
 """
 
 from __future__ import annotations

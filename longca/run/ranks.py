@@ -372,7 +372,7 @@ def _full_length_agreement(
 ) -> dict[str, Any]:
     """With `check.agree_with` on a cell longer than its check: this draw's CP output (and, for a cell
     with a backward, its gradients with the draw's upstream gradient) and every rank's inputs gathered
-    to global tensors, compared on rank 0 with a single-device kernel's on them
+    to global tensors on rank 0, compared there with a single-device kernel's on them
     (longca.run.agreement); the columns (and an `incorrect` reason) reach every rank."""
     if not agreement_applies(cell):
         return {}
@@ -382,20 +382,22 @@ def _full_length_agreement(
     names = ["q", "k", "v", "out"] + (["dout", *GRADIENTS] if grads else [])
     tensors = [q, k, v, out.detach()] + ([dout, *local_grads] if grads else [])
     del out, local_grads
-    shards = []
-    for x in tensors:
-        parts = [torch.empty_like(x) for _ in range(world)]
-        dist.all_gather(parts, x.contiguous())
-        shards.append(parts)
+    # gathered to rank 0 alone, one tensor at a time: (B, H, local, D) per rank -> (B, H, S, D) at the
+    # sharding's positions, so no rank but 0 holds a whole sequence and rank 0 never holds one twice
+    positions = [torch.from_numpy(sharding.positions(r)).to(device) for r in range(world)] if rank == 0 else []
+    whole = {}
+    for name, x in zip(names, tensors):
+        parts = [torch.empty_like(x) for _ in range(world)] if rank == 0 else None
+        dist.gather(x.contiguous(), parts, dst=0)
+        if rank == 0:
+            g = x.new_empty(*x.shape[:2], cell.seqlen, x.shape[3])
+            for pos, part in zip(positions, parts):
+                g[:, :, pos] = part
+            whole[name] = g.transpose(1, 2)  # a BSHD view
+        del parts
     del tensors
     result: dict[str, Any] | None = None
     if rank == 0:
-        whole = {}
-        for name, parts in zip(names, shards):  # (B, H, local, D) per rank -> (B, H, S, D) at the sharding's positions
-            g = parts[0].new_empty(*parts[0].shape[:2], cell.seqlen, parts[0].shape[3])
-            for r, part in enumerate(parts):
-                g[:, :, torch.from_numpy(sharding.positions(r)).to(device)] = part
-            whole[name] = g.transpose(1, 2)  # BSHD views
         result = compare(
             single_device(cell),
             mask,
@@ -405,7 +407,7 @@ def _full_length_agreement(
             exclude_self=False,
             dout_bshd=whole.get("dout"),
         )
-    del shards
+    whole.clear()
     box = [result]
     dist.broadcast_object_list(box, src=0)
     return box[0]
