@@ -92,17 +92,14 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _digests(paths: list[str]) -> tuple[set[str], set[str]]:
     """The cell digests with rows in these aggregates, and those of them recorded `unsupported`."""
-    import pyarrow.parquet as pq
+    from longca.store.read import digest_statuses
 
     done: set[str] = set()
     refused: set[str] = set()
     for p in paths:
-        names = pq.read_schema(p).names
-        table = pq.read_table(p, columns=[c for c in ("cell_digest", "status") if c in names])
-        digests = table.column("cell_digest").to_pylist()
+        digests, statuses = digest_statuses(p)
         done.update(digests)
-        if "status" in names:
-            refused.update(d for d, s in zip(digests, table.column("status").to_pylist()) if s == "unsupported")
+        refused.update(d for d, s in zip(digests, statuses or []) if s == "unsupported")
     return done, refused
 
 

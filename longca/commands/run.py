@@ -102,18 +102,19 @@ def _config_index(cell) -> int:
 def _digests(path: str) -> frozenset[str]:
     """The cell digests a Parquet table holds measured rows of (`--sample-from`): its `ok` rows where
     it has a status column (a re-run check compares medians), else every row's."""
-    import pyarrow.parquet as pq
+    from longca.store.read import digest_statuses
 
     try:
-        names = pq.read_schema(path).names
-        table = pq.read_table(path, columns=["cell_digest", "status"] if "status" in names else ["cell_digest"])
+        digests, statuses = digest_statuses(path)
     except FileNotFoundError:
         raise ValueError(f"--sample-from {path!r}: no such file") from None
     except (KeyError, ValueError, OSError) as exc:  # not Parquet, or no cell_digest column
         raise ValueError(
             f"--sample-from {path!r}: allowed: a Parquet table with a cell_digest column ({exc})"
         ) from None
-    return frozenset(r["cell_digest"] for r in table.to_pylist() if r["cell_digest"] and r.get("status", "ok") == "ok")
+    if statuses is None:
+        return frozenset(d for d in digests if d)
+    return frozenset(d for d, status in zip(digests, statuses) if d and status == "ok")
 
 
 def _sampled(jobs, keep, n: int, seed: int, among: frozenset[str] | None = None, source: str | None = None):

@@ -40,6 +40,18 @@ def damage(path: str | Path) -> str | None:
     return None
 
 
+def digest_statuses(path: str | Path) -> tuple[list[str | None], list[str | None] | None]:
+    """Every row's cell_digest and status of a result table, reading those two columns only (the
+    statuses are None where the table has no status column). Raises KeyError without a cell_digest
+    column."""
+    names = pq.read_schema(path).names
+    if "cell_digest" not in names:
+        raise KeyError(f"{path}: no cell_digest column")
+    table = pq.read_table(path, columns=[c for c in ("cell_digest", "status") if c in names])
+    statuses = table.column("status").to_pylist() if "status" in names else None
+    return table.column("cell_digest").to_pylist(), statuses
+
+
 def run_summary(aggregate: str | Path, report: str | Path | None = None) -> str:
     """One line for the end of a run: the aggregate's cells by status and where the report is."""
     import pyarrow.compute as pc
