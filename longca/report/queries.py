@@ -791,16 +791,11 @@ def agreement(rows: pl.DataFrame) -> pl.DataFrame:
             incorrect=(pl.col("status") == "incorrect").sum(),
             reason=pl.col("agree_reason").drop_nulls().first(),
         )
+        .with_columns(pl.col("_lo", "_hi").map_elements(length_label, return_dtype=pl.String))
         .with_columns(
             lengths=pl.when(pl.col("_lo") == pl.col("_hi"))
-            .then(pl.col("_lo").map_elements(length_label, return_dtype=pl.String))
-            .otherwise(
-                pl.format(
-                    "{}-{}",
-                    pl.col("_lo").map_elements(length_label, return_dtype=pl.String),
-                    pl.col("_hi").map_elements(length_label, return_dtype=pl.String),
-                )
-            ),
+            .then(pl.col("_lo"))
+            .otherwise(pl.format("{}-{}", "_lo", "_hi"))
         )
         .drop("_lo", "_hi")
         .sort("spec", "sweep", "kernel", "pass", "comparator")

@@ -41,15 +41,7 @@ from longca.run.check import check_length, tolerance
 from longca.spec.cells import Cell
 from longca.vocab import Pass
 
-AGREEMENT_COLUMNS = (
-    "agree_kernel",
-    "agree_rel_diff",
-    "agree_rel_diff_dq",
-    "agree_rel_diff_dk",
-    "agree_rel_diff_dv",
-    "agree_reason",
-)
-GRADIENTS = ("dq", "dk", "dv")
+GRADIENTS = ("dq", "dk", "dv")  # compared beside "out" on cells with a backward
 
 
 def agreement_applies(cell: Cell) -> bool:

@@ -37,7 +37,7 @@ from longca.measure.graphs import capture
 from longca.measure.reference import dense_mask_tensor, reference_attention, relative_error
 from longca.measure.reference_cache import ReferenceCache
 from longca.measure.timer import RETAINED_GRAPH, time_under, timer_for
-from longca.run.agreement import agreement_applies, compare
+from longca.run.agreement import GRADIENTS, agreement_applies, compare, compares_gradients
 from longca.run.check import check_columns, check_verdict
 from longca.run.rows import base_row, classify, gate_peak, mask_columns, softmax_flops, status_row, timing_columns
 from longca.spec.cells import Cell
@@ -484,8 +484,8 @@ def _timed_results(
         with torch.no_grad():
             out = prepared.call(*inputs)
     results = {"out": _to_bshd(out.detach(), layout, cell.batch)}
-    if cell.pass_ != Pass.FWD:
-        for name, x in zip(("dq", "dk", "dv"), inputs):
+    if compares_gradients(cell):
+        for name, x in zip(GRADIENTS, inputs):
             results[name] = _to_bshd(x.grad, layout, cell.batch)
     return results
 
