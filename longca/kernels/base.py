@@ -72,6 +72,10 @@ class Capabilities:
     max_compute_capability: tuple[int, int] | None = None
     package: str | None = None  # import name that must be importable
     family: str = "softmax"  # softmax | linear (FLOP model differs)
+    # The function computed: "softmax" attention, or a linear-attention family's name
+    # (longca.kernels.linear.FAMILIES). Kernels that compute the same function check each other at
+    # full length (check.agree_with); kernels of one family may compute different functions.
+    computes: str = "softmax"
     masks: frozenset[str] | None = None  # restrict to named masks (None: by form)
     # Block-sparse kernels with fixed tiles: the uniform block sizes taken (None: any layout,
     # variable blocks included)

@@ -5,7 +5,8 @@ The correctness check runs at `check.max_seqlen` (a float32 reference of a 512K 
 terabyte); what it cannot see is a kernel that is right at 8K and wrong at 512K (an index overflow,
 a tile count, a mask form built wrong at that size). With `check.agree_with` (an ordered list of
 kernels), every timed draw of such a cell is compared with the first listed kernel that serves the
-cell (not itself; the same function family; its declared capabilities and this machine allow it)
+cell (not itself; it computes the same function, `Capabilities.computes`; its declared capabilities
+and this machine allow it)
 on the same inputs and mask: ||out - out_other|| / ||out_other|| for every cell, and the same for
 dQ, dK and dV on cells with a backward pass (the same upstream gradient on both sides), since what
 such a cell times is the gradients: an index that overflows only in a long backward (a dQ of 2^32
@@ -78,13 +79,13 @@ def candidates(cell: Cell, device: torch.device, exclude_self: bool = True) -> t
     `exclude_self=False` for a CP cell: its own kernel on one device checks the mechanism."""
     from longca.run.cell import planned_unsupported, runtime_unsupported
 
-    family = registry.get(cell.kernel).caps.family
+    computes = registry.get(cell.kernel).caps.computes
     usable, why = [], []
     for name in cell.check_dict.get("agree_with", []):
         if name == cell.kernel and exclude_self:
             continue
-        if registry.get(name).caps.family != family:
-            why.append(f"{name}: computes {registry.get(name).caps.family} attention, not {family}")
+        if registry.get(name).caps.computes != computes:  # longca.spec.cells keeps none such; a hand-made cell may
+            why.append(f"{name}: computes {registry.get(name).caps.computes}, not {computes}")
             continue
         other = _comparator_cell(cell, name)
         reason = planned_unsupported(other) or runtime_unsupported(other, device)

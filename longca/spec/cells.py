@@ -207,29 +207,44 @@ def unknown_sweep(name: str, spec_name: str, names: Iterable[str]) -> str | None
     return None if name in names else f"--sweep {name!r}: no such sweep in {spec_name!r}; allowed: {', '.join(names)}"
 
 
-def _check_for(check: dict[str, Any], dtype: str, beyond: bool, backward: bool) -> str:
+def comparators(agree_with: Iterable[str], kernel: str) -> tuple[str, ...]:
+    """The kernels of `agree_with` that compute what `kernel` computes (`Capabilities.computes`):
+    only they can check it at full length (a softmax kernel cannot check a linear-attention one, nor
+    GLA gated DeltaNet)."""
+    from longca.kernels import registry  # imports the adapters: only for specs that ask for agreement
+
+    computes = registry.get(kernel).caps.computes
+    return tuple(name for name in agree_with if registry.get(name).caps.computes == computes)
+
+
+def _check_for(check: dict[str, Any], dtype: str, beyond: bool, backward: bool, agree_with: tuple[str, ...]) -> str:
     """The `check` JSON of a cell: a dtype with a late default tolerance gets it (see LATE_TOLERANCES);
-    `agree_with` stays only in cells longer than the check length (`beyond`), where it applies, so
-    asking for full-length agreement gives only those cells new digests. Those with a backward pass
-    also carry `agree_gradients` (their agreement compares dQ, dK and dV too: longca.run.agreement),
-    which set them apart from the rows measured before it did."""
+    `agree_with` (the cell's `comparators`) stays only in cells longer than the check length
+    (`beyond`), where it applies, and only where one is listed, so asking for full-length agreement,
+    or listing comparators of another function, changes no other cell's digest. Those with a
+    backward pass also carry `agree_gradients` (their agreement compares dQ, dK and dV too:
+    longca.run.agreement), which set them apart from the rows measured before it did."""
     check = dict(check)
     if dtype in LATE_TOLERANCES:
         check["tolerance"] = {dtype: LATE_TOLERANCES[dtype], **check.get("tolerance", {})}
-    if not beyond:
-        check.pop("agree_with", None)
-    elif check.get("agree_with") and backward:
-        check["agree_gradients"] = True
+    check.pop("agree_with", None)
+    if beyond and agree_with:
+        check["agree_with"] = list(agree_with)
+        if backward:
+            check["agree_gradients"] = True
     return json.dumps(check, sort_keys=True)
 
 
 def expand(spec: Spec) -> list[Cell]:
     """Every cell of the spec, in a stable order (cheap cells first within each sweep)."""
     cells: list[Cell] = []
+    agree_with = tuple(spec.check.get("agree_with", ()))
+    agree = {k: comparators(agree_with, k) if agree_with else () for sw in spec.sweeps for k in sw.kernels}
     checks = {
-        (dtype, beyond, backward): _check_for(spec.check, dtype, beyond, backward)
+        (dtype, beyond, backward, kernel): _check_for(spec.check, dtype, beyond, backward, agree[kernel])
         for sw in spec.sweeps
         for dtype in sw.dtypes
+        for kernel in sw.kernels
         for beyond in (False, True)
         for backward in (False, True)
     }
@@ -287,7 +302,7 @@ def expand(spec: Spec) -> list[Cell]:
                     seed=spec.seed,
                     samples=_samples(sw, mask),
                     repeat=repeat,
-                    check=checks[dtype, seqlen > int(spec.check["max_seqlen"]), p != Pass.FWD],
+                    check=checks[dtype, seqlen > int(spec.check["max_seqlen"]), p != Pass.FWD, kernel],
                     timeout_s=sw.timeout_s,
                     world_size=world,
                     cp_mechanism=mech,

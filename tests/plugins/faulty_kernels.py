@@ -6,16 +6,26 @@ out-of-memory error, or an impossible speed. The pipeline must turn each into th
 One is right but slow (`test_slow`: 1.5 s a call), for time limits that must not fire.
 The hang and segfault kernels are CP per-rank kernels too, failing on rank 1 only, so rank 0 is left
 waiting in a collective, as when one GPU of a group fails.
+
+Also fla's simple GLA adapters (longca.kernels.adapters.linear_fla) with a CPU stand-in for fla's
+Triton function, which needs a GPU: the chunked and the recurrent float64 references, cast back, so
+a linear-attention cell and its full-length comparator run through the real adapter on the CPU; one
+stand-in is 5% off beyond the check length.
 """
 
+import dataclasses
 import os
 import signal
 import time
 
 import torch
 
+from longca.kernels.adapters.linear_fla import CAPS as FLA_CAPS
+from longca.kernels.adapters.linear_fla import OPS, RECURRENT_OPS, FlaLinearKernel, FlaOp
 from longca.kernels.adapters.naive import NaiveAttention
 from longca.kernels.base import Capabilities, Prepared, RankCapabilities
+from longca.kernels.linear import FAMILIES
+from longca.kernels.linear import reference as ref
 from longca.kernels.rank import Naive as RankNaive
 from longca.kernels.registry import KERNELS, register
 
@@ -115,3 +125,34 @@ class FaultyRank(RankNaive):
 for _mode in ("wrong", "wrong_long", "wrong_grad_long", "segfault", "hang", "raise", "oom", "too_fast", "slow"):
     if f"test_{_mode}" not in KERNELS:
         register(Faulty(f"test_{_mode}", _mode))
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuFlaOp(FlaOp):
+    """fla's op as the adapter calls it, computed on the CPU by the family's float64 reference."""
+
+    recurrent: bool = False
+    wrong_long: bool = False
+
+    def load(self):
+        def fla_function(q, k, v, g=None, gk=None, scale=None, cu_seqlens=None, cu_seqlens_cpu=None, **fixed):
+            form = ref.gla_recurrent if self.recurrent else ref.gla_chunk
+            o = form(q, k, v, g=g, gk=gk, scale=scale, cu_seqlens=cu_seqlens).to(q.dtype)
+            if self.wrong_long and q.shape[1] > 128:
+                o = o * 1.05  # right at the check length, 5% off beyond it
+            return o, None
+
+        return fla_function
+
+
+CPU_LINEAR_CAPS = dataclasses.replace(
+    FLA_CAPS, devices=frozenset({"cpu"}), dtypes=frozenset({"float32", "float64"}), head_dims=None, package=None
+)
+for _name, _op, _kw in (
+    ("test_simple_gla_chunk", OPS["simple_gla"], {}),
+    ("test_simple_gla_recurrent", RECURRENT_OPS["simple_gla"], {"recurrent": True}),
+    ("test_simple_gla_wrong_long", OPS["simple_gla"], {"wrong_long": True}),
+):
+    if _name not in KERNELS:
+        _cpu_op = CpuFlaOp(**{f.name: getattr(_op, f.name) for f in dataclasses.fields(FlaOp)}, **_kw)
+        register(FlaLinearKernel(FAMILIES["simple_gla"], _cpu_op, _name, CPU_LINEAR_CAPS))

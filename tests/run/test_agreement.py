@@ -141,6 +141,66 @@ def test_no_serving_comparator_leaves_the_reason(plugin_env):
     assert row["agree_reason"].startswith("no second kernel serves this cell: fa4: kernel runs on ['cuda']")
 
 
+LINEAR_AGREE = "[naive, fla_gla_recurrent, test_simple_gla_recurrent, test_simple_gla_chunk]"
+
+
+def test_a_linear_cell_keeps_only_the_comparators_of_its_own_function(plugin_env):
+    """A softmax kernel cannot check simple GLA, nor can GLA's recurrent kernel: the cell's check keeps
+    only the listed kernels that compute simple GLA, and a softmax cell only the softmax ones, so
+    listing comparators of another function changes no cell's digest."""
+    s = spec("[test_simple_gla_chunk, naive]", agree=LINEAR_AGREE, masks="[causal]", passes="[fwd, bwd]")
+    linear = _cell(s, "test_simple_gla_chunk", 192, "bwd")
+    assert linear.check_dict["agree_with"] == ["test_simple_gla_recurrent", "test_simple_gla_chunk"]
+    assert linear.check_dict["agree_gradients"] is True
+    softmax = _cell(s, "naive", 192)
+    assert softmax.check_dict["agree_with"] == ["naive"]
+    alone = spec("[naive]", agree="[naive]", masks="[causal]", passes="[fwd, bwd]")
+    assert softmax.digest == _cell(alone, "naive", 192).digest
+    # no comparator of its function listed: no agreement, the digest of a spec that asks for none
+    unlisted = _cell(spec("[test_simple_gla_chunk]", agree="[naive]", masks="[causal]"), "test_simple_gla_chunk", 192)
+    assert "agree_with" not in unlisted.check_dict
+    assert (
+        unlisted.digest
+        == _cell(spec("[test_simple_gla_chunk]", agree=None, masks="[causal]"), "test_simple_gla_chunk", 192).digest
+    )
+
+
+def test_a_linear_cell_is_compared_with_its_recurrent_form(plugin_env):
+    """fla's chunked kernel (here its CPU stand-in, through the real adapter) against the recurrent one
+    of its family, with the same gates: output and gradients at the full length."""
+    s = spec("[test_simple_gla_chunk]", agree=LINEAR_AGREE, masks="[causal]", passes="[fwd, bwd]")
+    for pass_ in ("fwd", "bwd"):
+        (row,) = run_cell(_cell(s, "test_simple_gla_chunk", 192, pass_))
+        assert row["status"] == "ok", row.get("reason")
+        assert row["agree_kernel"] == "test_simple_gla_recurrent" and row["kernel_family"] == "linear"
+        assert row["check_seqlen"] == 128 and 0 <= row["agree_rel_diff"] < 1e-5
+        for g in ("dq", "dk", "dv"):
+            assert (row.get(f"agree_rel_diff_{g}") is None) == (pass_ == "fwd")
+            assert pass_ == "fwd" or 0 <= row[f"agree_rel_diff_{g}"] < 1e-5
+
+
+def test_a_linear_kernel_wrong_only_beyond_the_check_length_is_incorrect(plugin_env):
+    s = spec("[test_simple_gla_wrong_long]", agree=LINEAR_AGREE, masks="[causal]")
+    assert run_cell(_cell(s, "test_simple_gla_wrong_long", 64))[0]["status"] == "ok"
+    (row,) = run_cell(_cell(s, "test_simple_gla_wrong_long", 192))
+    assert row["status"] == "incorrect" and row["rel_err_out"] < 1e-5  # the check at 128 tokens passed
+    assert row["agree_kernel"] == "test_simple_gla_recurrent"
+    assert row["agree_rel_diff"] == pytest.approx(0.05, rel=1e-3)
+
+
+def test_a_hand_made_cell_names_the_comparators_of_another_function(plugin_env):
+    import dataclasses
+    import json
+
+    from longca.run.agreement import candidates
+
+    cell = _cell(spec("[test_simple_gla_chunk]", agree=LINEAR_AGREE, masks="[causal]"), "test_simple_gla_chunk", 192)
+    check = {**cell.check_dict, "agree_with": ["naive", "fla_gla_recurrent", "test_simple_gla_recurrent"]}
+    usable, why = candidates(dataclasses.replace(cell, check=json.dumps(check)), torch.device("cpu"))
+    assert [c.kernel for c in usable] == ["test_simple_gla_recurrent"]
+    assert why == ["naive: computes softmax, not simple_gla", "fla_gla_recurrent: computes gla, not simple_gla"]
+
+
 def test_unknown_agreement_kernel_is_named_before_anything_runs():
     with pytest.raises(SpecError) as e:
         spec("[sdpa_math]", agree="[naive, fa5]")

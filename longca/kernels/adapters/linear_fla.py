@@ -1,13 +1,19 @@
-"""flash-linear-attention (``fla``, PyPI ``fla-core``): chunked linear-attention kernels in Triton.
+"""flash-linear-attention (``fla``, PyPI ``fla-core``): linear-attention kernels in Triton.
 
-Four kernels, one per family (see longca.kernels.linear.families for what each computes):
+Four chunked kernels, one per family (see longca.kernels.linear.families for what each computes):
 
 - ``fla_linear_attn``     fla.ops.linear_attn.chunk_linear_attn (normalize=False)
 - ``fla_simple_gla``      fla.ops.simple_gla.chunk_simple_gla (gate per head)
 - ``fla_gla``             fla.ops.gla.chunk_gla (gate per key dim)
 - ``fla_gated_deltanet``  fla.ops.gated_delta_rule.chunk_gated_delta_rule (use_qk_l2norm_in_kernel=True)
 
-All are the chunked forms (chunk 64), forward and backward (fla's own autograd Functions).
+These are the chunked forms (chunk 64), forward and backward (fla's own autograd Functions). Each
+family also has its recurrent form, ``fla_<family>_recurrent`` (fla's ``fused_recurrent_*``: one
+step per token, the state in registers; written apart from the chunked kernels, so it can check
+them at full length, where no float64 reference fits: ``check.agree_with``). The recurrent gated
+delta rule has no backward in fla ("not implemented"), so its capabilities declare none.
+Capabilities are per kernel: ``computes`` names the family, so only kernels of one family check
+each other.
 Masks: ``causal`` (form "causal": fla's batch dim) and ``causal_document`` (form "varlen": the
 batch's documents are packed into one sequence, a free view of the contiguous (B, S, H, D) input,
 and handed to fla as ``cu_seqlens``; the state restarts at each document). Layout is "bshd" for
@@ -34,6 +40,7 @@ and kept in ``Prepared.extra["inputs"]``; ``Prepared.extra`` also carries:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import importlib.util
@@ -67,35 +74,71 @@ CAPS = Capabilities(
     package=PACKAGE,
     family="linear",
     masks=MASKS,
-)
+)  # each kernel's own: this with `computes` (its family) and `backward` (its op's)
 
 
 @dataclass(frozen=True)
 class FlaOp:
     module: str
     function: str
+    flop_model: str  # a key of longca.kernels.linear.flops.MODELS: the algorithm's work
     fixed: dict[str, Any] = field(default_factory=dict)  # constant keyword arguments
     extra_args: dict[str, str] = field(default_factory=dict)  # fla argument name -> key of the extra inputs
     takes_cu_seqlens_cpu: bool = True
     # The backward goes through fla.ops.common.chunk_o.chunk_bwd_dqkwg with a gate, which fla
     # refuses on Hopper with Triton >= 3.4, < 3.7.1 (wrong gradients there: fla issue #640).
     gated_dqkwg: bool = False
+    backward: bool = True  # fla's fused_recurrent_gated_delta_rule raises NotImplementedError in backward
 
     def load(self) -> Callable[..., Any]:
         """The fla function, imported on first use (fla is optional; importing it costs ~1 s)."""
         return getattr(importlib.import_module(self.module), self.function)
 
 
+# The chunked kernels, by family.
 OPS: dict[str, FlaOp] = {
-    "linear_attn": FlaOp("fla.ops.linear_attn", "chunk_linear_attn", {"normalize": False}, takes_cu_seqlens_cpu=False),
-    "simple_gla": FlaOp("fla.ops.simple_gla", "chunk_simple_gla", {}, {"g": "g"}, gated_dqkwg=True),
-    "gla": FlaOp("fla.ops.gla", "chunk_gla", {}, {"g": "gk"}),
+    "linear_attn": FlaOp(
+        "fla.ops.linear_attn",
+        "chunk_linear_attn",
+        "linear_attn_chunk_v1",
+        {"normalize": False},
+        takes_cu_seqlens_cpu=False,
+    ),
+    "simple_gla": FlaOp(
+        "fla.ops.simple_gla", "chunk_simple_gla", "linear_simple_gla_chunk_v1", {}, {"g": "g"}, gated_dqkwg=True
+    ),
+    "gla": FlaOp("fla.ops.gla", "chunk_gla", "linear_gla_chunk_v1", {}, {"g": "gk"}),
     "gated_deltanet": FlaOp(
         "fla.ops.gated_delta_rule",
         "chunk_gated_delta_rule",
+        "linear_gated_deltanet_chunk_v1",
         {"use_qk_l2norm_in_kernel": True},
         {"g": "g", "beta": "beta"},
         gated_dqkwg=True,
+    ),
+}
+# The recurrent kernels, by family: independent of the chunked ones (fla.ops.common.fused_recurrent
+# and the delta rule's own), so they serve as their full-length comparators. None takes cu_seqlens_cpu.
+RECURRENT_OPS: dict[str, FlaOp] = {
+    "linear_attn": FlaOp(
+        "fla.ops.linear_attn",
+        "fused_recurrent_linear_attn",
+        "linear_recurrent_v1",
+        {"normalize": False},
+        takes_cu_seqlens_cpu=False,
+    ),
+    "simple_gla": FlaOp(
+        "fla.ops.simple_gla", "fused_recurrent_simple_gla", "linear_recurrent_v1", {}, {"g": "g"}, False
+    ),
+    "gla": FlaOp("fla.ops.gla", "fused_recurrent_gla", "linear_recurrent_v1", {}, {"gk": "gk"}, False),
+    "gated_deltanet": FlaOp(
+        "fla.ops.gated_delta_rule",
+        "fused_recurrent_gated_delta_rule",
+        "linear_delta_recurrent_v1",
+        {"use_qk_l2norm_in_kernel": True},
+        {"g": "g", "beta": "beta"},
+        takes_cu_seqlens_cpu=False,
+        backward=False,
     ),
 }
 
@@ -133,15 +176,15 @@ def packed_cu_seqlens(mask: Mask, batch: int) -> torch.Tensor:
 
 
 class FlaLinearKernel:
-    """One fla chunked kernel of one linear-attention family."""
+    """One fla kernel (chunked or recurrent) of one linear-attention family."""
 
-    caps = CAPS
     layout = "bshd"  # for both forms; call also takes "thd" (B*S, H, D) tensors and answers in kind
 
-    def __init__(self, family: LinearFamily, op: FlaOp) -> None:
+    def __init__(self, family: LinearFamily, op: FlaOp, name: str, caps: Capabilities = CAPS) -> None:
         self.family = family
         self.op = op
-        self.name = f"fla_{family.name}"
+        self.name = name
+        self.caps = dataclasses.replace(caps, computes=family.name, backward=caps.backward and op.backward)
         self.description = f"flash-linear-attention {op.function}: {family.description}"
 
     def backward_refusal(self, device: torch.device) -> str | None:
@@ -214,21 +257,24 @@ class FlaLinearKernel:
             return o.reshape(*shape[:-1], o.shape[-1])
 
         total = batch * seqlen
+        passes = ("fwd", "bwd", "fwd_bwd") if op.backward else ("fwd",)
         flops = {
-            p: linear_flops(family.flop_model, tokens=total, heads_q=heads_q, head_dim=head_dim, pass_=p)
-            for p in ("fwd", "bwd", "fwd_bwd")
+            p: linear_flops(op.flop_model, tokens=total, heads_q=heads_q, head_dim=head_dim, pass_=p) for p in passes
         }
         version = _version()
         return Prepared(
             call=call,
             layout=self.layout,
             build_s=time.perf_counter() - t0,
-            info={"backend": f"fla {version} {self.op.function} chunk={CHUNK}"},
+            info={
+                "backend": f"fla {version} {op.function}"
+                + (f" chunk={CHUNK}" if op.function.startswith("chunk") else "")
+            },
             extra={
                 "kernel_family": "linear",
                 "family": family.name,
                 "reference": reference,
-                "flop_model": family.flop_model,
+                "flop_model": op.flop_model,
                 "flops": flops,
                 "inputs": inputs,
                 "cu_seqlens": cu_cpu,
@@ -289,4 +335,6 @@ def _version() -> str:
 
 
 for _name, _op in OPS.items():
-    register(FlaLinearKernel(FAMILIES[_name], _op))
+    register(FlaLinearKernel(FAMILIES[_name], _op, f"fla_{_name}"))
+for _name, _op in RECURRENT_OPS.items():
+    register(FlaLinearKernel(FAMILIES[_name], _op, f"fla_{_name}_recurrent"))

@@ -1,8 +1,8 @@
 """Linear and subquadratic attention: references, FLOP models and families as data.
 
 - ``reference``: exact recurrent (ground truth) and chunked float64 forms of each family.
-- ``flops``: the documented FLOP model of each family's chunked algorithm (``flop_model``).
-- ``families``: each family's extra inputs (gates, beta), reference and FLOP model.
+- ``flops``: the documented FLOP models of the chunked and recurrent algorithms (``flop_model``).
+- ``families``: each family's extra inputs (gates, beta) and references.
 
 The kernels themselves (flash-linear-attention) are adapted in
 ``longca.kernels.adapters.linear_fla``. A prepared linear kernel carries, in

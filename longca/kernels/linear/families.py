@@ -1,4 +1,4 @@
-"""The linear-attention families as data: their extra inputs, references and FLOP models.
+"""The linear-attention families as data: their extra inputs and references.
 
 Linear-attention kernels need inputs softmax attention has not: log-space decay gates and (for
 the delta rule) a write strength beta. A benchmark cell only provides q, k, v, so the adapter
@@ -33,7 +33,6 @@ GATE_SHIFT = 6.0
 @dataclass(frozen=True)
 class LinearFamily:
     name: str  # linear_attn | simple_gla | gla | gated_deltanet
-    flop_model: str  # a key of longca.kernels.linear.flops.MODELS
     gate: str | None  # None | "head" (B, T, H) | "key" (B, T, H, K)
     beta: bool  # needs a write strength beta (B, T, H)
     reference_chunk: Callable[..., torch.Tensor]
@@ -70,7 +69,6 @@ FAMILIES: dict[str, LinearFamily] = {
     for f in (
         LinearFamily(
             "linear_attn",
-            "linear_attn_chunk_v1",
             None,
             False,
             _gla_chunk,
@@ -79,7 +77,6 @@ FAMILIES: dict[str, LinearFamily] = {
         ),
         LinearFamily(
             "simple_gla",
-            "linear_simple_gla_chunk_v1",
             "head",
             False,
             _gla_chunk,
@@ -88,7 +85,6 @@ FAMILIES: dict[str, LinearFamily] = {
         ),
         LinearFamily(
             "gla",
-            "linear_gla_chunk_v1",
             "key",
             False,
             _gla_chunk,
@@ -97,7 +93,6 @@ FAMILIES: dict[str, LinearFamily] = {
         ),
         LinearFamily(
             "gated_deltanet",
-            "linear_gated_deltanet_chunk_v1",
             "head",
             True,
             _delta_chunk,

@@ -1,4 +1,4 @@
-"""FLOP models of the chunked linear-attention algorithms (recorded in rows as ``flop_model``).
+"""FLOP models of the chunked and recurrent linear-attention algorithms (recorded in rows as ``flop_model``).
 
 These are *models* of the work of the chunked algorithm that fla runs, not of softmax attention:
 a linear-attention row's ``flops``/``tflops`` must never be compared with a softmax row's as if
@@ -37,6 +37,15 @@ Gated DeltaNet (``linear_gated_deltanet_chunk_v1``; WY/UT form as in fla). Per c
              new values (4 L K V)
            = 16 L K V + 14 L C K + 10 L C V + (4/3) L C^2
 
+Recurrent forms (fla's ``fused_recurrent_*``: one step per token, the K x V state in registers,
+no chunks; C does not enter). Per token, products with the state:
+  GLA family (``linear_recurrent_v1``): state update k v^T 2KV, output S^T q 2KV: forward 4 K V;
+    backward (fla's fused_recurrent_bwd: the state again with dq = S do, then in reverse
+    dS += q do^T, dk = dS v, dv = dS^T k) 10 K V.
+  Gated DeltaNet (``linear_delta_recurrent_v1``): S^T k 2KV, the rank-1 update 2KV, the output
+    2KV: forward 6 K V. fla has no backward for it; the model defines none (asking for one is an
+    error).
+
 fwd_bwd = forward + backward. The models are versioned (``_v1``): a change of formula gets a new
 name, so stored rows stay interpretable.
 """
@@ -52,8 +61,9 @@ CHUNK = 64  # fla's chunk size for all four families (its default, which the ada
 @dataclass(frozen=True)
 class FlopModel:
     name: str
-    # per-token FLOPs for one head: (K, V, C) -> (forward, backward)
-    per_token: Callable[[int, int, int], tuple[float, float]]
+    # per-token FLOPs for one head: (K, V, C) -> (forward, backward); backward None where the
+    # algorithm has none
+    per_token: Callable[[int, int, int], tuple[float, float | None]]
     description: str
 
 
@@ -69,6 +79,14 @@ def _gated_deltanet(K: int, V: int, C: int) -> tuple[float, float]:
     return fwd, bwd
 
 
+def _gla_recurrent(K: int, V: int, C: int) -> tuple[float, float]:
+    return 4.0 * K * V, 10.0 * K * V
+
+
+def _delta_recurrent(K: int, V: int, C: int) -> tuple[float, None]:
+    return 6.0 * K * V, None
+
+
 MODELS: dict[str, FlopModel] = {
     m.name: m
     for m in (
@@ -80,6 +98,8 @@ MODELS: dict[str, FlopModel] = {
             _gated_deltanet,
             "chunked gated delta rule (WY form): 6LKV + 6LCK + 4LCV + (2/3)LC^2 forward",
         ),
+        FlopModel("linear_recurrent_v1", _gla_recurrent, "recurrent GLA family, one step per token: 4LKV forward"),
+        FlopModel("linear_delta_recurrent_v1", _delta_recurrent, "recurrent gated delta rule: 6LKV forward only"),
     )
 }
 
@@ -100,7 +120,7 @@ def linear_flops(
         raise KeyError(f"unknown linear FLOP model {model!r}; allowed: {sorted(MODELS)}")
     V = head_dim if head_dim_v is None else head_dim_v
     fwd, bwd = MODELS[model].per_token(head_dim, V, chunk)
-    per_pass = {"fwd": fwd, "bwd": bwd, "fwd_bwd": fwd + bwd}
+    per_pass = {"fwd": fwd} if bwd is None else {"fwd": fwd, "bwd": bwd, "fwd_bwd": fwd + bwd}
     if pass_ not in per_pass:
-        raise ValueError(f"unknown pass {pass_!r}; allowed: {sorted(per_pass)}")
+        raise ValueError(f"model {model!r}: no pass {pass_!r}; allowed: {sorted(per_pass)}")
     return float(tokens) * heads_q * per_pass[pass_]
