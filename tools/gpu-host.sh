@@ -5,7 +5,7 @@
 #   bash tools/gpu-host.sh OUTDIR SPEC [LIMIT_S] [longca run arguments...]
 #   e.g. bash tools/gpu-host.sh "$OUT" specs/h200.yaml 540 --sweep dense --only seqlen=32K
 #
-# 1. Carried packages are unpacked: wheels in .whl/ (pip --target $TMPDIR/site, /tmp by default),
+# 1. Carried packages are unpacked: wheels in .whl/ and .whl-*/ (pip --target $TMPDIR/site, /tmp by default),
 #    every bundle .bundles/NAME.tar.xz (a packed site folder, e.g. FlashAttention-4's from
 #    ../shared/tools/pack-fa4.sh) into $TMPDIR/bundles/NAME on PYTHONPATH, FA4's compiled-kernel
 #    cache .fa4-cache/fa4-cache.tar.xz and
@@ -39,7 +39,7 @@ mkdir -p "$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR" "$TRITON_CACHE_DIR"
 
 # 1. carried packages and caches. The wheels come first: `longca unpack` below imports them
 #    (jsonschema). The bundles and caches unpack in the background; restoring the cells needs none.
-wheels=$(ls .whl/*.whl 2>/dev/null)
+wheels=$(ls .whl/*.whl .whl-*/*.whl 2>/dev/null)  # .whl-linear/ (fla-core) travels only when needed
 [ -n "$wheels" ] && python3 -m pip install -q --no-index --no-deps --no-compile --target "$host_tmp/site" $wheels > "$logs/setup.log" 2>&1
 (
   for b in .bundles/*.tar.xz; do

@@ -57,27 +57,30 @@ def test_carried_bundles_and_wheels_are_importable_by_what_the_call_runs(tmp_pat
 
     work, out = _tree(tmp_path, unreadable_aggregate=False), tmp_path / "out"
     (work / ".bundles").mkdir()
-    (work / ".whl").mkdir()
     site = tmp_path / "bundle"
     (site / "nvidia_cutlass_dsl" / "dsl_packages").mkdir(parents=True)
     (site / "probe_bundle.py").write_text("NAME = 'bundle'\n")
     (site / "nvidia_cutlass_dsl" / "dsl_packages" / "probe_dsl.py").write_text("NAME = 'dsl'\n")
     with tarfile.open(work / ".bundles" / "probe.tar.xz", "w:xz") as tar:
         tar.add(site, arcname=".")
-    info = "probe_wheel-1.0.dist-info/"
-    with zipfile.ZipFile(work / ".whl" / "probe_wheel-1.0-py3-none-any.whl", "w") as whl:
-        whl.writestr("probe_wheel.py", "NAME = 'wheel'\n")
-        whl.writestr(info + "METADATA", "Metadata-Version: 2.1\nName: probe-wheel\nVersion: 1.0\n")
-        whl.writestr(info + "WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
-        whl.writestr(info + "RECORD", "")
+    # wheels in .whl/ and in any carried .whl-*/ folder (the linear-attention one travels only when needed)
+    for folder, name in ((".whl", "probe_wheel"), (".whl-linear", "probe_linear")):
+        (work / folder).mkdir()
+        info = f"{name}-1.0.dist-info/"
+        with zipfile.ZipFile(work / folder / f"{name}-1.0-py3-none-any.whl", "w") as whl:
+            whl.writestr(f"{name}.py", f"NAME = '{name}'\n")
+            whl.writestr(info + "METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+            whl.writestr(info + "WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+            whl.writestr(info + "RECORD", "")
     (work / "probe.py").write_text(
-        "import sys, probe_bundle, probe_dsl, probe_wheel\n"
-        "open(sys.argv[1], 'w').write(' '.join(m.NAME for m in (probe_bundle, probe_dsl, probe_wheel)))\n"
+        "import sys, probe_bundle, probe_dsl, probe_wheel, probe_linear\n"
+        "names = (m.NAME for m in (probe_bundle, probe_dsl, probe_wheel, probe_linear))\n"
+        "open(sys.argv[1], 'w').write(' '.join(names))\n"
     )
     # a limit of 45 s leaves no time for cells: the call sets up, runs the probe, and returns
     done = _call(work, out, 45, LONGCA_GPU_BENCH="probe.py {out}/probe.txt")
     assert done.returncode == 0, done.stderr
-    assert (out / "probe.txt").read_text() == "bundle dsl wheel", (out / "bench.log").read_text()
+    assert (out / "probe.txt").read_text() == "bundle dsl probe_wheel probe_linear", (out / "bench.log").read_text()
 
 
 def test_a_run_into_another_folder_returns_that_folders_aggregate(tmp_path: Path) -> None:
