@@ -21,6 +21,31 @@ from longca.masks.registry import PATTERNS
 from longca.spec.load import LATE_TOLERANCES, MaskChoice, Spec, Sweep
 from longca.vocab import Balance, Mechanism, Pass, axis_name, normalise
 
+# The hive path's keys, in order: row columns that hold the same values (longca.run.rows), so a
+# row alone says where its cell file lives (longca.store.aggregate.unpack restores it there).
+PARTITION_KEYS = (
+    "sweep",
+    "kernel",
+    "mask",
+    "mask_variant",
+    "seqlen_q",
+    "heads_q",
+    "heads_kv",
+    "head_dim",
+    "dtype",
+    "pass",
+    "batch",
+)
+CP_PARTITION_KEYS = (*PARTITION_KEYS, "world_size", "cp_mechanism", "cp_variant")  # a CP cell's
+_FIELD = {"seqlen_q": "seqlen", "pass": "pass_"}  # row column -> Cell field where they differ
+
+
+def cell_relpath(columns: dict[str, Any], digest: str) -> str:
+    """A cell file's path under `<results>/<spec>/cells/`, from its partition columns (a row's or
+    `Cell.partition`'s) and its digest."""
+    keys = CP_PARTITION_KEYS if columns.get("cp_mechanism") is not None else PARTITION_KEYS
+    return "/".join(f"{k}={columns[k]}" for k in keys) + f"/cell-{digest}.parquet"
+
 
 def _variant(params: dict[str, Any]) -> str:
     if not params:
@@ -72,26 +97,12 @@ class Cell:
 
     @property
     def partition(self) -> list[tuple[str, Any]]:
-        keys = [
-            ("sweep", self.sweep),
-            ("kernel", self.kernel),
-            ("mask", self.mask),
-            ("mask_variant", self.mask_variant),
-            ("seqlen_q", self.seqlen),
-            ("heads_q", self.heads_q),
-            ("heads_kv", self.heads_kv),
-            ("head_dim", self.head_dim),
-            ("dtype", self.dtype),
-            ("pass", self.pass_),
-            ("batch", self.batch),
-        ]
-        if self.cp_mechanism is not None:
-            keys += [
-                ("world_size", self.world_size),
-                ("cp_mechanism", self.cp_mechanism),
-                ("cp_variant", self.cp_variant),
-            ]
-        return keys
+        keys = CP_PARTITION_KEYS if self.cp_mechanism is not None else PARTITION_KEYS
+        return [(k, self.column(k)) for k in keys]
+
+    def column(self, key: str) -> Any:
+        """The cell's value of a row column that names a Cell field differently or derives from one."""
+        return getattr(self, _FIELD.get(key, key))
 
     @property
     def id(self) -> str:
@@ -99,7 +110,7 @@ class Cell:
         return "/".join(f"{k}={v}" for k, v in self.partition[1:]) + f"@{self.digest[:8]}"
 
     def relpath(self) -> str:
-        return "/".join(f"{k}={v}" for k, v in self.partition) + f"/cell-{self.digest}.parquet"
+        return cell_relpath(dict(self.partition), self.digest)
 
     def output(self, results_dir: str | Path) -> str:
         return str(Path(results_dir) / self.spec / "cells" / self.relpath())

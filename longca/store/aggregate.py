@@ -6,6 +6,8 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from longca.spec.cells import CP_PARTITION_KEYS, cell_relpath
+
 _IO_THREADS = min(16, os.cpu_count() or 1)  # Parquet reads, writes and fsync release the GIL
 _ORDER = ["sweep", "kernel", "mask", "seqlen_q", "cell_id", "mask_sample"]  # the aggregate's row order
 
@@ -114,27 +116,9 @@ def repeated_rows(file: str | Path) -> list[dict]:
     return counts.filter(pc.greater(counts["count_all"], 1)).to_pylist()
 
 
-_PATH_KEYS = [
-    "sweep",
-    "kernel",
-    "mask",
-    "mask_variant",
-    "seqlen_q",
-    "heads_q",
-    "heads_kv",
-    "head_dim",
-    "dtype",
-    "pass",
-    "batch",
-]
-_CP_PATH_KEYS = ["world_size", "cp_mechanism", "cp_variant"]
-
-
 def cell_path_of_row(row: dict, results_dir: str | Path) -> Path:
     """Where a row's cell file lives: the same hive path the planner gives the cell."""
-    keys = _PATH_KEYS + _CP_PATH_KEYS if row.get("cp_mechanism") else _PATH_KEYS
-    parts = "/".join(f"{k}={row[k]}" for k in keys)
-    return Path(results_dir) / row["spec"] / "cells" / parts / f"cell-{row['cell_digest']}.parquet"
+    return Path(results_dir) / row["spec"] / "cells" / cell_relpath(row, row["cell_digest"])
 
 
 def unpack(aggregate_file: str | Path, results_dir: str | Path) -> tuple[int, int]:
@@ -150,7 +134,7 @@ def unpack(aggregate_file: str | Path, results_dir: str | Path) -> tuple[int, in
     from longca.store.write import write_table
 
     table = conform(pq.read_table(aggregate_file))
-    keys = table.select(["spec", "cell_digest", *_PATH_KEYS, *_CP_PATH_KEYS]).to_pylist()
+    keys = table.select(["spec", "cell_digest", *CP_PARTITION_KEYS]).to_pylist()
     by_cell: dict[Path, list[int]] = {}
     for i, row in enumerate(keys):
         by_cell.setdefault(cell_path_of_row(row, results_dir), []).append(i)

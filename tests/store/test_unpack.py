@@ -58,3 +58,40 @@ def test_keep_rows_outside_appends_only_cells_the_new_table_lacks(tmp_path: Path
     assert sorted((r["cell_digest"], r["median_ms"]) for r in t) == [("a", 1.0), ("b", 2.0), ("c", 2.0), ("d", 2.0)]
     assert keep_rows_outside(new, old) == 0  # idempotent: a is in it now
     assert pq.read_table(new).num_rows == 4
+
+
+def test_unpack_restores_each_cell_where_the_planner_looks_for_it(tmp_path: Path) -> None:
+    # The path is built from a row's columns on one side and from the Cell on the other: a key or a
+    # value written differently would make a GPU call measure committed cells again.
+    from longca.run.rows import cell_columns
+    from longca.spec.cells import expand
+    from longca.spec.load import load_spec
+
+    spec = """
+name: t
+device: cpu
+kernels: [naive]
+masks: [causal, {name: sliding_window, window: 8}]
+seqlens: [64]
+heads: ["4:2"]
+head_dims: [16]
+dtypes: [float64]
+passes: [fwd, bwd]
+sweeps:
+  - name: dense
+  - name: cp
+    cp: {mechanisms: [ring_p2p, usp], world_sizes: [2]}
+"""
+    cells = expand(load_spec(text=spec))
+    assert {c.cp_mechanism for c in cells} == {None, "ring_p2p", "usp"}
+    files = []
+    for c in cells:
+        path = tmp_path / "src" / c.relpath()
+        write_rows(path, [store_row(c.digest, **cell_columns(c))])
+        files.append(str(path))
+    aggregate(files, tmp_path / "all.parquet")
+    out = tmp_path / "results"
+    assert unpack(tmp_path / "all.parquet", out) == (len(cells), 0)
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.parquet")) == sorted(
+        Path(c.output(out)).relative_to(out).as_posix() for c in cells
+    )
