@@ -65,6 +65,12 @@ def relative_error(x: torch.Tensor, ref: torch.Tensor, chunk_elems: int = 1 << 2
     Summed in float64 over slices of the sequence dimension (dim 1, or dim 0 of a 1-D tensor) of at
     most `chunk_elems` elements, so a full-length comparison at 512K tokens (8 GiB per bf16 output)
     needs a slice's float64 copy, not two whole ones."""
+    return error_ratio(*error_sums(x, ref, chunk_elems))
+
+
+def error_sums(x: torch.Tensor, ref: torch.Tensor, chunk_elems: int = 1 << 24) -> tuple[float, float]:
+    """(||x - ref||^2, ||ref||^2) in float64, summed as `relative_error` does; (inf, inf) where x has
+    a NaN or Inf. Sums of parts (head groups of one tensor) add up to the whole's."""
     if x.shape != ref.shape:
         raise ValueError(f"shapes differ: {tuple(x.shape)} and {tuple(ref.shape)}")
     dim = 1 if x.dim() > 1 else 0
@@ -77,8 +83,15 @@ def relative_error(x: torch.Tensor, ref: torch.Tensor, chunk_elems: int = 1 << 2
         rs = ref.detach().narrow(dim, i, min(step, n - i)) if x.dim() else ref.detach()
         x64, r64 = xs.to(torch.float64), rs.to(torch.float64)
         if not torch.isfinite(x64).all():
-            return float("inf")
+            return float("inf"), float("inf")
         denom += float(torch.linalg.vector_norm(r64).item()) ** 2
         num += float(torch.linalg.vector_norm(x64 - r64).item()) ** 2
-    denom, num = denom**0.5, num**0.5
+    return num, denom
+
+
+def error_ratio(num: float, denom: float) -> float:
+    """||x - ref|| / ||ref|| from `error_sums`' two sums (the difference's norm where ref is zero)."""
+    if num == float("inf"):
+        return num  # a NaN or Inf in x (inf / inf would read NaN)
+    num, denom = num**0.5, denom**0.5
     return num / denom if denom > 0 else num

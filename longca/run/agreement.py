@@ -29,6 +29,7 @@ rank gets the verdict (longca.run.ranks).
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -37,7 +38,7 @@ import torch
 from longca.kernels import registry
 from longca.kernels.base import DTYPES, Unsupported
 from longca.masks.mask import Mask
-from longca.measure.reference import relative_error
+from longca.measure.reference import error_ratio, error_sums
 from longca.run.check import check_length, tolerance
 from longca.spec.cells import Cell
 from longca.vocab import Pass
@@ -111,8 +112,6 @@ def compare(
     results on them as (B, S, H, D) tensors: "out", and "dq", "dk", "dv" where the cell has a
     backward (`compares_gradients`), computed with `dout_bshd` (B, S, Hq, D) as the upstream gradient.
     """
-    from longca.run.cell import prepare_for
-
     grads = compares_gradients(cell)
     if grads and dout_bshd is None:
         raise ValueError(f"{cell.id}: comparing gradients needs the upstream gradient (dout_bshd)")
@@ -121,11 +120,8 @@ def compare(
         return {"agree_reason": "no second kernel serves this cell: " + ("; ".join(why) or "none listed")}
     mine = own_results()
     for other in usable:
-        kernel = registry.get(other.kernel)
-        dtype = DTYPES[other.dtype]
         try:
-            prepared, _ = prepare_for(other, kernel, mask, dtype, device, grad=grads)
-            theirs = _results(prepared, cell.batch, inputs_bshd, dtype, dout_bshd if grads else None)
+            diffs = _differences(cell, other, mask, inputs_bshd, mine, device, dout_bshd if grads else None)
         except (Unsupported, torch.OutOfMemoryError, RuntimeError, ValueError, TypeError) as exc:
             if "CUDA error" in str(exc) or "illegal memory access" in str(exc):
                 raise  # the context is unusable: the cell's handler restarts the process
@@ -134,10 +130,6 @@ def compare(
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             continue
-        diffs = {name: relative_error(mine[name], theirs.pop(name)) for name in ("out", *GRADIENTS) if name in theirs}
-        del theirs
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
         row: dict[str, Any] = {"agree_kernel": other.kernel, "agree_rel_diff": diffs["out"]}
         row.update({f"agree_rel_diff_{name}": diffs[name] for name in GRADIENTS if name in diffs})
         out_tol, grad_tol = tolerance(cell)
@@ -154,6 +146,74 @@ def compare(
             )
         return row
     return {"agree_reason": "no second kernel served this cell: " + "; ".join(why)}
+
+
+def head_groups(cell: Cell, mask: Mask) -> list[int]:
+    """Into how many groups a comparator may split the heads, in the order tried: all in one call,
+    then where that runs out of memory the KV heads in 2, 4, ... groups, each with its query heads
+    (GQA maps query head h to KV head h // (Hq / Hkv), so contiguous groups keep the mapping). Heads
+    are independent, so the comparison is the same; a comparator's float32 partial results at 512K
+    (fla's recurrent backward: about 100 GB at 64 heads x 128) shrink with the group. Masks that
+    differ per KV head (block-sparse layouts) run whole."""
+    if mask.per_head:
+        return [1]
+    return [g for g in (1, 2, 4, 8, 16, 32, 64, 128) if cell.heads_kv % g == 0]
+
+
+def _differences(
+    cell: Cell,
+    other: Cell,
+    mask: Mask,
+    inputs_bshd: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    mine: dict[str, torch.Tensor],
+    device: torch.device,
+    dout_bshd: torch.Tensor | None,
+) -> dict[str, float]:
+    """The comparator `other`'s relative differences to `mine` ("out", and the gradients with
+    `dout_bshd`), run over the fewest head groups that fit in memory (`head_groups`)."""
+    from longca.run.cell import prepare_for
+
+    kernel = registry.get(other.kernel)
+    dtype = DTYPES[other.dtype]
+    tries = head_groups(other, mask)
+    for groups in tries:
+        try:
+            sums: dict[str, tuple[float, float]] = {}
+            part = dataclasses.replace(other, heads_q=other.heads_q // groups, heads_kv=other.heads_kv // groups)
+            prepared, _ = prepare_for(part, kernel, mask, dtype, device, grad=dout_bshd is not None)
+            for j in range(groups):
+                hq = slice(j * part.heads_q, (j + 1) * part.heads_q)
+                hk = slice(j * part.heads_kv, (j + 1) * part.heads_kv)
+                heads = {"out": hq, "dq": hq, "dk": hk, "dv": hk}
+                q, k, v = (_heads(x, h, groups) for x, h in zip(inputs_bshd, (hq, hk, hk)))
+                dout = None if dout_bshd is None else _heads(dout_bshd, hq, groups)
+                theirs = _results(prepared, cell.batch, (q, k, v), dtype, dout)
+                for name in ("out", *GRADIENTS):
+                    if name in theirs:
+                        num, denom = error_sums(mine[name][:, :, heads[name]], theirs.pop(name))
+                        before = sums.get(name, (0.0, 0.0))
+                        sums[name] = (before[0] + num, before[1] + denom)
+                del theirs
+            if groups > 1:
+                _log(f"{cell.id}: {other.kernel} compared over {groups} head groups (fewer ran out of memory)")
+            return {name: error_ratio(*s) for name, s in sums.items()}
+        except torch.OutOfMemoryError:
+            if groups == tries[-1]:
+                raise
+        finally:
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    raise AssertionError("unreachable: head_groups is never empty")
+
+
+def _heads(x: torch.Tensor, heads: slice, groups: int) -> torch.Tensor:
+    """Heads `heads` of a (B, S, H, D) tensor: the tensor itself when whole, else a dense copy
+    (kernels take the layouts they are timed on)."""
+    return x if groups == 1 else x[:, :, heads].contiguous()
+
+
+def _log(msg: str) -> None:
+    print(f"[longca] {msg}", file=sys.stderr, flush=True)
 
 
 def _results(

@@ -2,7 +2,7 @@
 
 Each fails in one way a real kernel can: wrong numbers (everywhere, or only beyond the check length: its
 output or its gradients), a crash, a hang, an exception, an
-out-of-memory error, or an impossible speed. The pipeline must turn each into the right row.
+out-of-memory error (always, or only with more than 2 heads a call), or an impossible speed. The pipeline must turn each into the right row.
 One is right but slow (`test_slow`: 1.5 s a call), for time limits that must not fire.
 The hang and segfault kernels are CP per-rank kernels too, failing on rank 1 only, so rank 0 is left
 waiting in a collective, as when one GPU of a group fails.
@@ -78,6 +78,10 @@ class Faulty:
                 raise RuntimeError("deliberate failure inside the kernel")
             if mode == "oom" and q.shape[2] > 128:
                 raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 TiB (deliberate)")
+            if mode == "oom_wide" and q.shape[2] > 128 and q.shape[1] > 2:
+                # out of memory beyond the check length unless given at most 2 heads a call (a
+                # comparator whose partial results scale with the heads: run over head groups)
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 100.00 GiB (deliberate)")
             if mode == "too_fast" and q.shape[2] > 128:
                 # Correct output, returned without computing: the speed is impossible.
                 key = id(q)
@@ -122,7 +126,8 @@ class FaultyRank(RankNaive):
         return super().fwd(q, k, v, sub)
 
 
-for _mode in ("wrong", "wrong_long", "wrong_grad_long", "segfault", "hang", "raise", "oom", "too_fast", "slow"):
+_MODES = ("wrong", "wrong_long", "wrong_grad_long", "segfault", "hang", "raise", "oom", "oom_wide", "too_fast", "slow")
+for _mode in _MODES:
     if f"test_{_mode}" not in KERNELS:
         register(Faulty(f"test_{_mode}", _mode))
 

@@ -4,14 +4,22 @@ output with a second kernel's at their own length; a disagreement makes the row 
 import pytest
 import torch
 
-from longca.measure.reference import relative_error
+from longca.measure.reference import error_ratio, error_sums, relative_error
 from longca.run.cell import run_cell
 from longca.spec.cells import expand
 from longca.spec.load import SpecError, load_spec
 from longca.store.schema import COLUMNS
 
 
-def spec(kernels, agree="[naive, sdpa_math]", seqlens="[64, 192]", masks="[full]", dtypes="[float32]", passes="[fwd]"):
+def spec(
+    kernels,
+    agree="[naive, sdpa_math]",
+    seqlens="[64, 192]",
+    masks="[full]",
+    dtypes="[float32]",
+    passes="[fwd]",
+    heads='["2:1"]',
+):
     agree_line = f", agree_with: {agree}" if agree else ""
     return load_spec(
         text=f"""
@@ -23,7 +31,7 @@ mask_samples: {{multi_document: 2, single: 1}}
 kernels: {kernels}
 masks: {masks}
 seqlens: {seqlens}
-heads: ["2:1"]
+heads: {heads}
 head_dims: [16]
 dtypes: {dtypes}
 passes: {passes}
@@ -141,6 +149,40 @@ def test_no_serving_comparator_leaves_the_reason(plugin_env):
     assert row["agree_reason"].startswith("no second kernel serves this cell: fa4: kernel runs on ['cuda']")
 
 
+@pytest.mark.parametrize("heads", ["8:4", "8:8"])
+def test_a_comparator_out_of_memory_runs_over_head_groups_to_the_same_differences(plugin_env, heads, capfd):
+    # test_oom_wide is naive but runs out of memory with more than 2 heads a call: it serves over
+    # 4 (8:4) or 8 (8:8) head groups, and the differences are those of naive on all heads at once.
+    # float64, so that the two sums of the same numbers agree to rounding.
+    s = spec("[sdpa_math]", agree="[test_oom_wide, naive]", passes="[bwd]", dtypes="[float64]", heads=f'["{heads}"]')
+    s_naive = spec("[sdpa_math]", agree="[naive]", passes="[bwd]", dtypes="[float64]", heads=f'["{heads}"]')
+    (row,) = run_cell(_cell(s, "sdpa_math", 192, "bwd"))
+    (whole,) = run_cell(_cell(s_naive, "sdpa_math", 192, "bwd"))
+    groups = {"8:4": 4, "8:8": 4}[heads]  # 2 query heads a call
+    assert f"test_oom_wide compared over {groups} head groups (fewer ran out of memory)" in capfd.readouterr().err
+    assert row["status"] == whole["status"] == "ok" and row["agree_kernel"] == "test_oom_wide"
+    for name in ("agree_rel_diff", "agree_rel_diff_dq", "agree_rel_diff_dk", "agree_rel_diff_dv"):
+        assert 0 < row[name] < 1e-5 and row[name] == pytest.approx(whole[name], rel=1e-9), name
+
+
+def test_a_comparator_out_of_memory_at_every_grouping_is_passed_over(plugin_env):
+    s = spec("[sdpa_math]", agree="[test_oom, naive]", heads='["4:2"]')
+    (row,) = run_cell(_cell(s, "sdpa_math", 192))
+    assert row["status"] == "ok" and row["agree_kernel"] == "naive"
+    (row,) = run_cell(_cell(spec("[sdpa_math]", agree="[test_oom]", heads='["4:2"]'), "sdpa_math", 192))
+    assert "test_oom: OutOfMemoryError: CUDA out of memory" in row["agree_reason"]
+
+
+def test_head_groups_keep_each_query_head_with_its_kv_head():
+    from longca.masks.registry import build_mask
+    from longca.run.agreement import head_groups
+
+    cell = _cell(spec("[sdpa_math]", heads='["8:4"]'), "sdpa_math", 192)
+    assert head_groups(cell, build_mask("full", 192)) == [1, 2, 4]
+    per_head = build_mask("block_sparse", 256, heads_kv=4)
+    assert per_head.per_head and head_groups(cell, per_head) == [1]  # a layout per KV head runs whole
+
+
 LINEAR_AGREE = "[naive, fla_gla_recurrent, test_simple_gla_recurrent, test_simple_gla_chunk]"
 
 
@@ -218,3 +260,16 @@ def test_relative_error_in_slices_equals_the_whole():
     assert relative_error(x, ref, chunk_elems=24) == float("inf")
     with pytest.raises(ValueError, match="shapes differ"):
         relative_error(x, ref[:, :50])
+
+
+def test_error_sums_of_head_groups_add_up_to_the_whole():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 50, 8, 4, generator=g, dtype=torch.float64)
+    ref = x + 1e-3 * torch.randn(2, 50, 8, 4, generator=g, dtype=torch.float64)
+    parts = [error_sums(x[:, :, h : h + 2], ref[:, :, h : h + 2], chunk_elems=16) for h in range(0, 8, 2)]
+    summed = error_ratio(sum(p[0] for p in parts), sum(p[1] for p in parts))
+    assert summed == pytest.approx(relative_error(x, ref), rel=1e-12)
+    x[0, 0, 5, 0] = float("inf")
+    parts = [error_sums(x[:, :, h : h + 2], ref[:, :, h : h + 2]) for h in range(0, 8, 2)]
+    assert error_ratio(sum(p[0] for p in parts), sum(p[1] for p in parts)) == float("inf")
+    assert error_ratio(0.0, 0.0) == 0.0 and error_ratio(4.0, 0.0) == 2.0  # a zero reference: the norm
