@@ -35,7 +35,7 @@ import torch
 
 from longca.cp.comm import LocalComm
 from longca.cp.mechanisms import build_plan, cp_attention
-from longca.cp.reference import reference_attention, rel_err
+from longca.cp.reference import reference_attention
 from longca.cp.sharding import make_sharding
 from longca.cp.topology import Topology
 from longca.kernels.base import choose_form
@@ -43,6 +43,7 @@ from longca.kernels.registry import get, rank_kernel
 from longca.masks.forms import forms_of
 from longca.masks.registry import build_mask
 from longca.measure.flops import attention_flops
+from longca.measure.reference import relative_error
 from longca.measure.timer import timer_for
 
 # As the CP sweeps balance these masks (specs/h200-cp.yaml, call 19's table); others zigzag.
@@ -92,7 +93,7 @@ def check(mask_name, world, hq, hk, d, dtype, kernel, device, mechanism, s) -> f
     errs = []
     with torch.no_grad():
         for plan, ql, (kl, vl), pos in _plans(mask_name, mask, world, hq, hk, kernel, device, mechanism, q, k, v):
-            errs.append(rel_err(cp_attention(ql, kl, vl, plan), ref[:, :, pos]))
+            errs.append(relative_error(cp_attention(ql, kl, vl, plan), ref[:, :, pos]))
     return max(errs)
 
 
@@ -109,13 +110,13 @@ def check_bwd(mask_name, world, hq, hk, d, dtype, kernel, device, mechanism, s) 
         pos_of = [p for *_, p in plans]
         for plan, ql, (kl, vl), pos in plans:
             out, lse = plan.attend_fwd(ql, kl, vl)
-            err["out"] = max(err["out"], rel_err(out, ref[0][:, :, pos]))
+            err["out"] = max(err["out"], relative_error(out, ref[0][:, :, pos]))
             dq, grads = _local_bwd(plan, do[:, :, pos], ql, out.to(dtype), lse, kernel.bwd)
-            err["dq"] = max(err["dq"], rel_err(dq, ref[1][:, :, pos]))
+            err["dq"] = max(err["dq"], relative_error(dq, ref[1][:, :, pos]))
             for j, (gk, gv) in grads.items():
                 dk[:, :, pos_of[j]] += gk
                 dv[:, :, pos_of[j]] += gv
-    err["dk"], err["dv"] = rel_err(dk, ref[2]), rel_err(dv, ref[3])
+    err["dk"], err["dv"] = relative_error(dk, ref[2]), relative_error(dv, ref[3])
     return err
 
 

@@ -1,14 +1,14 @@
-"""Single-process reference attention over the global mask: plain softmax attention with autograd
-(independent of the hand-written backward it checks). Dense: small S only."""
+"""Single-process reference attention over the global mask for the CP mechanisms, in their (B, H, S, D)
+layout: the single-device reference with autograd (independent of the hand-written backward it
+checks), a few KV heads at a time. Dense: small S only."""
 
 from __future__ import annotations
-
-import math
 
 import torch
 
 from longca.masks import slices as sl
 from longca.measure.reference import dense_mask_tensor
+from longca.measure.reference import reference_attention as single_device_reference
 
 
 def reference_attention(
@@ -40,8 +40,8 @@ def reference_attention(
     parts = []
     for h0 in range(0, hk, step):
         h1 = min(hk, h0 + step)
-        # A per-KV-head mask (Hkv, S, S) gives each query head its KV head's mask.
-        m = mask[h0:h1].repeat_interleave(g, 0) if mask.dim() == 3 else mask
+        # a per-KV-head mask (Hkv, S, S): the reference gives each query head its KV head's
+        m = mask[h0:h1] if mask.dim() == 3 else mask
         parts.append(
             _attention(
                 q[:, h0 * g : h1 * g],
@@ -59,26 +59,13 @@ def reference_attention(
 
 
 def _attention(q, k, v, mask, dout, dtype):
-    d = q.shape[-1]
-    g = q.shape[1] // k.shape[1]
-    qq, kk, vv = (t.detach().to(dtype).requires_grad_(dout is not None) for t in (q, k, v))
+    """One head group through the single-device reference (longca.measure.reference), which takes
+    (B, S, H, D): the same definition checks every kernel and every CP mechanism."""
+    dense = mask if mask.dim() == 3 else mask.unsqueeze(0)
+    qq, kk, vv = (t.detach().to(dtype).transpose(1, 2).contiguous().requires_grad_(dout is not None) for t in (q, k, v))
     with torch.set_grad_enabled(dout is not None):
-        scores = qq @ kk.repeat_interleave(g, 1).transpose(-1, -2) / math.sqrt(d)
-        scores = scores.masked_fill(~mask, float("-inf"))
-        m = scores.amax(-1, keepdim=True)
-        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m)).detach()
-        e = torch.exp(scores - m)
-        p = e / e.sum(-1, keepdim=True).clamp_min(torch.finfo(dtype).tiny)
-        out = p @ vv.repeat_interleave(g, 1)
+        out = single_device_reference(qq, kk, vv, dense)
     if dout is None:
-        return out.detach(), None, None, None
-    dq, dk, dv = torch.autograd.grad(out, (qq, kk, vv), dout.to(dtype))
-    return out.detach(), dq, dk, dv
-
-
-def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
-    """||x - ref|| / ||ref|| in float64 (NaN propagates, so NaN never passes a tolerance)."""
-    x64, r64 = x.double(), ref.double()
-    den = torch.linalg.vector_norm(r64).item()
-    num = torch.linalg.vector_norm(x64 - r64).item()
-    return num / den if den > 0 else num
+        return out.detach().transpose(1, 2), None, None, None
+    grads = torch.autograd.grad(out, (qq, kk, vv), dout.to(dtype).transpose(1, 2))
+    return (out.detach().transpose(1, 2), *(x.transpose(1, 2) for x in grads))

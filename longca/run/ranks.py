@@ -51,6 +51,7 @@ from longca.masks.registry import PATTERNS, build_mask, resolve_params
 from longca.measure.clocks import ClockSampler, no_sampler
 from longca.measure.cooldown import cool_down
 from longca.measure.env import gpu_clock_state
+from longca.measure.reference import error_ratio, error_sums
 from longca.measure.timer import RETAINED_GRAPH, RankTimer, time_under, timer_for
 from longca.run.agreement import GRADIENTS, agreement_applies, compare, compares_gradients, single_device
 from longca.run.check import check_columns, check_length, check_verdict
@@ -193,11 +194,6 @@ def mask_area_q_heads(mask, heads_q: int) -> int:
     return mask.area * heads_q
 
 
-def _sq_norms(x: torch.Tensor, ref: torch.Tensor) -> list[float]:
-    x, ref = x.detach().double(), ref.detach().double()
-    return [float(((x - ref) ** 2).sum()), float((ref**2).sum())]
-
-
 def _median(xs: list[float]) -> float:
     return float(np.median(xs)) if xs else float("nan")
 
@@ -251,14 +247,11 @@ def correctness(cell: Cell, rank: int, world: int, device: torch.device, kernel)
     )
     mine = [out] + list(grads or [])
     sums = torch.tensor(
-        [x for a, r in zip(mine, ref) for x in _sq_norms(a, r[:, :, pos])], dtype=torch.float64, device=device
+        [x for a, r in zip(mine, ref) for x in error_sums(a, r[:, :, pos])], dtype=torch.float64, device=device
     )
-    dist.all_reduce(sums)
+    dist.all_reduce(sums)  # every rank's share of the squared norms: the whole sequence's
     sums = sums.tolist()
-    errs = [
-        math.sqrt(sums[2 * i] / sums[2 * i + 1]) if sums[2 * i + 1] > 0 else math.sqrt(sums[2 * i])
-        for i in range(len(mine))
-    ]
+    errs = [error_ratio(sums[2 * i], sums[2 * i + 1]) for i in range(len(mine))]
     names = ["rel_err_out", "rel_err_dq", "rel_err_dk", "rel_err_dv"]
     return {"check_seqlen": s, **{n: (e if math.isfinite(e) else float("inf")) for n, e in zip(names, errs)}}
 

@@ -28,12 +28,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from longca.cp.mechanisms import build_plan, cp_attention
-from longca.cp.reference import reference_attention, rel_err
+from longca.cp.reference import reference_attention
 from longca.cp.sharding import make_sharding
 from longca.cp.submask import layout_step_areas, sub_layout
 from longca.kernels.rank import Naive, TritonBlockSparse
 from longca.kernels.registry import rank_kernel
 from longca.masks.registry import build_mask
+from longca.measure.reference import relative_error
 from longca.run.ranks import run_cell as run_cp_cell
 from longca.store.write import write_rows
 
@@ -137,9 +138,9 @@ def test_local_kernels_on_a_step_layout_match_the_reference():
         ref = reference_attention(q, k, v, local, do)
         s = kernel.prepare_blocks(sub, 4, torch.device("cpu"))
         out, lse = kernel.fwd(q, k, v, s)
-        assert rel_err(out, ref[0]) < tol, kernel.name
+        assert relative_error(out, ref[0]) < tol, kernel.name
         for got, want in zip(kernel.bwd(do, q, k, v, out, lse, s), ref[1:]):
-            assert rel_err(got, want) < tol, kernel.name
+            assert relative_error(got, want) < tol, kernel.name
 
 
 # ---------------------------------------------------------------------------- distributed
@@ -186,7 +187,7 @@ def _case(rank, world, kernel_name, mech, degrees, key, balance, hq, hkv, dtype,
         else:
             with torch.no_grad():
                 mine = (cp_attention(ql, kl, vl, plan),)
-        t = torch.tensor([rel_err(a, b[:, :, pos]) for a, b in zip(mine, ref)], dtype=torch.float64)
+        t = torch.tensor([relative_error(a, b[:, :, pos]) for a, b in zip(mine, ref)], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         skipped = torch.tensor([sum(s.empty for s in plan.subs)])
         dist.all_reduce(skipped)

@@ -7,11 +7,12 @@ import torch
 
 from longca.cp.comm import LocalComm
 from longca.cp.mechanisms import build_plan, cp_attention
-from longca.cp.reference import reference_attention, rel_err
+from longca.cp.reference import reference_attention
 from longca.cp.sharding import make_sharding
 from longca.cp.topology import Topology
 from longca.kernels.registry import rank_kernel
 from longca.masks.registry import build_mask
+from longca.measure.reference import relative_error
 
 CPU = torch.device("cpu")
 
@@ -57,7 +58,7 @@ def test_every_rank_played_alone_matches_the_reference_rows(world, mechanism, ma
         )
         with torch.no_grad():
             out = cp_attention(q[:, :, pos[r]].contiguous(), kv_of[r][0], kv_of[r][1], plan)
-        assert rel_err(out, ref[:, :, pos[r]]) < 1e-12, (mechanism, mask_name, r)
+        assert relative_error(out, ref[:, :, pos[r]]) < 1e-12, (mechanism, mask_name, r)
         assert comm.bytes_sent == 0
 
 

@@ -17,11 +17,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from longca.cp.mechanisms import build_plan, cp_attention
-from longca.cp.reference import reference_attention, rel_err
+from longca.cp.reference import reference_attention
 from longca.cp.sharding import BALANCES, make_sharding
 from longca.kernels.base import Unsupported
 from longca.kernels.registry import rank_kernel
 from longca.masks.registry import PATTERNS, build_mask
+from longca.measure.reference import relative_error
 
 STATIC = sorted(n for n, p in PATTERNS.items() if p.family != "dynamic")
 SEQLEN, BATCH, HQ, HKV, HEAD_DIM = 48, 2, 4, 2, 8
@@ -100,7 +101,7 @@ def _worker(rank: int, world: int, port: int, doc_file: str, result_file: str) -
                     ql, kl, vl = (x[:, :, pos].clone().requires_grad_(True) for x in (q, k, v))
                     out = cp_attention(ql, kl, vl, plan)
                     out.backward(dout[:, :, pos])
-                    errs = [rel_err(a, b[:, :, pos]) for a, b in zip((out, ql.grad, kl.grad, vl.grad), ref)]
+                    errs = [relative_error(a, b[:, :, pos]) for a, b in zip((out, ql.grad, kl.grad, vl.grad), ref)]
                     t = torch.tensor(errs, dtype=torch.float64)
                     dist.all_reduce(t, op=dist.ReduceOp.MAX)
                     case["errors"] = t.tolist()
@@ -128,7 +129,7 @@ def _worker(rank: int, world: int, port: int, doc_file: str, result_file: str) -
                     ql, kl, vl = (x[:, :, pos].clone().requires_grad_(True) for x in (q, k, v))
                     out = cp_attention(ql, kl, vl, plan)
                     out.backward(dout[:, :, pos])
-                    errs = [rel_err(a, b[:, :, pos]) for a, b in zip((out, ql.grad, kl.grad, vl.grad), ref)]
+                    errs = [relative_error(a, b[:, :, pos]) for a, b in zip((out, ql.grad, kl.grad, vl.grad), ref)]
                     t = torch.tensor(errs, dtype=torch.float64)
                     dist.all_reduce(t, op=dist.ReduceOp.MAX)
                     case.update(errors=t.tolist(), rank_areas=plan.rank_areas, area=mask.area)

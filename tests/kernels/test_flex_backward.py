@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from longca.cp.reference import reference_attention, rel_err
+from longca.cp.reference import reference_attention
 from longca.kernels import flex_backward as fb
 from longca.kernels.lse import combine
 from longca.kernels.rank import Flex, Naive
@@ -19,6 +19,7 @@ from longca.masks.blocks import BlockLayout
 from longca.masks.flex import to_block_mask
 from longca.masks.mask import Mask
 from longca.masks.registry import build_mask
+from longca.measure.reference import relative_error
 
 CPU = torch.device("cpu")
 
@@ -51,7 +52,7 @@ def test_key_halves_given_the_combined_out_and_lse_add_up_to_the_reference_gradi
     halves = [(0, 28), (28, 56)]
     subs = [fx.prepare(sl.shift_slices(sl.clip_slices(slices, 0, 40, a, b), 0, -a), 40, b - a, CPU) for a, b in halves]
     out, lse = combine([fx.fwd(q, k[:, :, a:b], v[:, :, a:b], s) for (a, b), s in zip(halves, subs)])
-    assert rel_err(out, ref[0]) < 1e-12
+    assert relative_error(out, ref[0]) < 1e-12
     assert torch.isinf(lse[..., :4]).all()  # rows with no key anywhere
     dq = torch.zeros_like(q)
     dks, dvs = [], []
@@ -61,9 +62,9 @@ def test_key_halves_given_the_combined_out_and_lse_add_up_to_the_reference_gradi
         dq += g[0]
         dks.append(g[1])
         dvs.append(g[2])
-    assert rel_err(dq, ref[1]) < 1e-12
-    assert rel_err(torch.cat(dks, 2), ref[2]) < 1e-12
-    assert rel_err(torch.cat(dvs, 2), ref[3]) < 1e-12
+    assert relative_error(dq, ref[1]) < 1e-12
+    assert relative_error(torch.cat(dks, 2), ref[2]) < 1e-12
+    assert relative_error(torch.cat(dvs, 2), ref[3]) < 1e-12
 
 
 @pytest.mark.parametrize("mask_name", ["causal", "causal_document", "global_sliding_window", "share_question"])
@@ -78,7 +79,7 @@ def test_flex_step_backward_equals_the_explicit_formulas(mask_name):
     out = torch.randn(q.shape, generator=g, dtype=torch.float64)  # any combined out and LSE
     lse = nv.fwd(q, k, v, sub_n)[1] + torch.rand(q.shape[:3], generator=g, dtype=torch.float64)
     for got, want in zip(fx.bwd(do, q, k, v, out, lse, sub), nv.bwd(do, q, k, v, out, lse, sub_n)):
-        assert rel_err(got, want) < 1e-12
+        assert relative_error(got, want) < 1e-12
 
 
 def test_block_sparse_layout_with_gqa_matches_the_explicit_formulas():
@@ -91,7 +92,7 @@ def test_block_sparse_layout_with_gqa_matches_the_explicit_formulas():
     sub, sub_n = fx.prepare_blocks(layout, 4, CPU), nv.prepare_blocks(layout, 4, CPU)
     out, lse = nv.fwd(q, k, v, sub_n)
     for got, want in zip(fx.bwd(do, q, k, v, out, lse, sub), nv.bwd(do, q, k, v, out, lse, sub_n)):
-        assert rel_err(got, want) < 1e-12
+        assert relative_error(got, want) < 1e-12
 
 
 def _parts(q, k, v, out, lse, bm):
@@ -121,7 +122,7 @@ def test_the_graph_compiled_on_cuda_takes_every_tensor_as_input_and_computes_the
     for got, want in zip(gm(*args), f(*args)):
         assert torch.equal(got, want)
     for got, want in zip(gm(*args), reference_attention(q, k, v, slices, do)[1:]):
-        assert rel_err(got, want) < 1e-12
+        assert relative_error(got, want) < 1e-12
 
 
 def test_a_mask_mod_capturing_tensors_without_explicit_buffers_is_refused():

@@ -1,12 +1,13 @@
 import pytest
 import torch
 
-from longca.cp.reference import reference_attention, rel_err
+from longca.cp.reference import reference_attention
 from longca.kernels.base import Unsupported, rank_unsupported_reason
 from longca.kernels.rank import Flex, Naive, bwd_by_autograd, rectangles
 from longca.kernels.registry import get, rank_kernel, rank_kernel_names
 from longca.masks import slices as sl
 from longca.masks.registry import build_mask
+from longca.measure.reference import relative_error
 
 CPU = torch.device("cpu")
 
@@ -30,10 +31,10 @@ def test_naive_forward_and_backward_match_the_autograd_reference():
     sub = nv.prepare(slices, 24, 24, CPU)
     out, lse = nv.fwd(q, k, v, sub)
     ref = reference_attention(q, k, v, slices, do)
-    assert rel_err(out, ref[0]) < 1e-13
+    assert relative_error(out, ref[0]) < 1e-13
     assert torch.isinf(lse[..., :4]).all() and (out[..., :4, :] == 0).all() and not out.isnan().any()
     for got, want in zip(nv.bwd(do, q, k, v, out, lse, sub), ref[1:]):
-        assert rel_err(got, want) < 1e-13
+        assert relative_error(got, want) < 1e-13
 
 
 def test_step_gradients_with_the_global_lse_add_up_to_the_full_gradient():
@@ -49,7 +50,7 @@ def test_step_gradients_with_the_global_lse_add_up_to_the_full_gradient():
 
     parts = [nv.fwd(q, k[:, :, a:b], v[:, :, a:b], sb) for (a, b), sb in zip(halves, subs)]
     out, lse = combine(parts)
-    assert rel_err(out, ref[0]) < 1e-13
+    assert relative_error(out, ref[0]) < 1e-13
     for method in ("explicit", "autograd"):
         dq = torch.zeros_like(q)
         dks, dvs = [], []
@@ -62,9 +63,9 @@ def test_step_gradients_with_the_global_lse_add_up_to_the_full_gradient():
             dq += g[0]
             dks.append(g[1])
             dvs.append(g[2])
-        assert rel_err(dq, ref[1]) < 1e-13
-        assert rel_err(torch.cat(dks, 2), ref[2]) < 1e-13
-        assert rel_err(torch.cat(dvs, 2), ref[3]) < 1e-13
+        assert relative_error(dq, ref[1]) < 1e-13
+        assert relative_error(torch.cat(dks, 2), ref[2]) < 1e-13
+        assert relative_error(torch.cat(dvs, 2), ref[3]) < 1e-13
 
 
 def test_flex_forward_and_backward_match_reference_on_cpu():
@@ -75,11 +76,11 @@ def test_flex_forward_and_backward_match_reference_on_cpu():
     sub = fx.prepare(slices, 32, 32, CPU)
     out, lse = fx.fwd(q, k, v, sub)
     ref = reference_attention(q, k, v, slices, do)
-    assert rel_err(out, ref[0]) < 1e-12
+    assert relative_error(out, ref[0]) < 1e-12
     grads = fx.bwd(do, q, k, v, out, lse, sub)
     assert all(g.dtype == torch.float64 and not g.isnan().any() for g in grads)
     for got, want in zip(grads, ref[1:]):
-        assert rel_err(got, want) < 1e-12
+        assert relative_error(got, want) < 1e-12
 
 
 def test_rectangles_cut_causal_into_square_pieces_and_reject_bands():
@@ -183,11 +184,11 @@ def test_sdpa_parts_and_gqa_match_naive_on_the_same_sub_mask(takes_gqa):
     assert [(p.q0, p.q1) for p in parts] == [(0, 8), (0, 8), (8, 12)]
     out, lse = kernel.fwd(q, k, v, sub)
     ref_out, ref_lse = nv.fwd(q, k, v, nsub)
-    assert rel_err(out, ref_out) < 1e-5
+    assert relative_error(out, ref_out) < 1e-5
     assert torch.allclose(lse[..., :12], ref_lse[..., :12], atol=1e-5) and torch.isinf(lse[..., 12:]).all()
     grads = kernel.bwd(do, q, k, v, ref_out, ref_lse, sub)
     for got, want in zip(grads, nv.bwd(do, q, k, v, ref_out, ref_lse, nsub)):
-        assert got.shape == want.shape and rel_err(got, want) < 1e-5
+        assert got.shape == want.shape and relative_error(got, want) < 1e-5
     # K/V reach the ops with their own 2 heads only when the ops take GQA
     assert kernel.kv_heads_seen == ({2} if takes_gqa else {4})
 
