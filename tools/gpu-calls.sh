@@ -10,7 +10,10 @@
 # selection: `longca plan` arguments (--sweep, --only), the same as the calls'. CALL_OUT: a call's
 # returned OUTDIR (its <name>.parquet, caches, draws.tar.gz).
 #   start   moves results/ and reports/ to $LONGCA_PUBLISHED (default /tmp/published) and writes the
-#           selection's published rows as results/<name>/all.parquet, for the first call to carry.
+#           selection's published rows as results/<name>/all.parquet, for the first call to carry,
+#           and each left cell's projected seconds from the published rows as
+#           results/<name>/estimates.parquet (tools/sweep_projection.py --cells-out): gpu-host.sh then
+#           starts only draws that fit in a call's time left.
 #   next    keeps the call's returned caches and kept draws for the next call (.fa4-cache/,
 #           .triton-autotune/, .draws/), and writes the selection's rows of the published set and of
 #           that call (its rows win) as results/<name>/all.parquet.
@@ -44,6 +47,8 @@ case $cmd in
     mv results "$published/results"
     [ -d reports ] && mv reports "$published/reports"
     selection_rows "$@"
+    python3 "$(dirname "$0")/sweep_projection.py" --rows "$published/$agg" --spec "$spec" \
+      --cells-out "results/$name/estimates.parquet" | head -n 1
     ;;
   next)
     call=${1:?usage: gpu-calls.sh next SPEC CALL_OUT [selection...]}

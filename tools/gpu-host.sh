@@ -97,14 +97,18 @@ if [ -n "${LONGCA_GPU_BENCH:-}" ]; then
   tail -n 5 "$out/bench.log"
 fi
 
-# 3. the missing cells, one process per GPU, stopped when the time is up (40 s kept for step 4)
+# 3. the missing cells, one process per GPU, stopped when the time is up (40 s kept for step 4);
+#    with the projection gpu-calls.sh writes (results/<name>/estimates.parquet), a draw that would not
+#    finish in the time left is not started (longca/run/time_left.py)
 left=$(( limit - (SECONDS - start) - 40 ))
+est=results/$name/estimates.parquet
+fit=(); [ -f "$est" ] && fit=(--time-left "$(( left - 5 ))" --estimates "$est")
 if [ "$left" -gt 10 ]; then
   for ((g = 0; g < ngpu; g++)); do
     shard=(); [ "$ngpu" -gt 1 ] && shard=(--shard "$g/$ngpu")
     (
       t0=$(date +%s.%N)
-      timeout -k 10 -s TERM "$left" python3 -m longca.cli run --spec "$spec" "$@" "${shard[@]}"
+      timeout -k 10 -s TERM "$left" python3 -m longca.cli run --spec "$spec" "$@" "${shard[@]}" "${fit[@]}"
       # the process's whole wall, start-up included: what tools/sweep_efficiency.py divides by
       echo "process wall $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s: --spec $spec $* ${shard[*]}"
     ) > "$logs/run-$g.log" 2>&1 &

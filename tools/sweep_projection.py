@@ -25,7 +25,9 @@ Cells the spec marks unsupported cost nothing; failed cells their committed wall
 limit); cells never measured the median projection of measured cells of the same sweep, length and
 pass (counted apart). Beside the whole spec it projects what is left: the cells no row of their
 current digest records yet (`cell_id`), so a re-measure under way can be planned call by call;
-`--by-length` splits each sweep by length (its start-up on a line of its own). `--ci-target`,
+`--by-length` splits each sweep by length (its start-up on a line of its own); `--cells-out` writes
+each left cell's projected seconds, which `longca run --time-left S --estimates FILE` reads to start
+only cells that fit in a device call. `--ci-target`,
 `--iters` and `--floor-calls` project the spec under a changed `repeat` instead (every cell is then
 left: a new digest); `--floor-calls K` lets calls under a second run past `budget_s` until K calls,
 a rule longca's timer does not have (docs/measurement.md, "What a tighter interval would cost");
@@ -97,12 +99,15 @@ def project_spec(
     fixed_s: float,
     by_length: bool = False,
     what_if: dict | None = None,
+    per_cell: dict[str, float] | None = None,
 ) -> dict[str, list]:
     """Per sweep (with `by_length`, per sweep and length): [cells, rows, unmeasured cells, projected
     seconds, cells left, projected seconds left] of the spec's cells under its protocol. Left: the
     cells no row of their current digest (`cell_id`) records yet. `what_if` changes the spec's
     `repeat` for the projection: `ci_target`, `iters`, and `floor_calls` (a protocol longca does not
-    have: calls under a second may run past `budget_s` until that many calls)."""
+    have: calls under a second may run past `budget_s` until that many calls). `per_cell`, when
+    given, receives each left cell's projected seconds by digest (every draw, its check and compile;
+    no start-up): what `longca run --estimates` reads to start only the cells that fit in a call."""
     what_if = what_if or {}
     from longca.run.cell import planned_unsupported
     from longca.spec.cells import expand
@@ -185,6 +190,8 @@ def project_spec(
             cost = cell_cost(cell, rows)
             entry[3] += cost
             entry[5] += cost if left else 0.0
+            if left and per_cell is not None:
+                per_cell[cell.digest] = cost
             guess[(cell.sweep, cell.seqlen, cell.pass_)].append(cost)
         else:
             entry[2] += 1
@@ -193,6 +200,8 @@ def project_spec(
         similar = guess.get((cell.sweep, cell.seqlen, cell.pass_)) or [c for v in guess.values() for c in v]
         out[key(cell)][3] += median(similar)
         out[key(cell)][5] += median(similar)  # never measured: left under any digest
+        if per_cell is not None:
+            per_cell[cell.digest] = median(similar)
     # the start-up once per sweep (on its own line when lengths are apart), left while cells are
     for sweep in dict.fromkeys(cell.sweep for cell in cells):
         entry = out.setdefault(f"{sweep} start-up", [0, 0, 0, 0.0, 0, 0.0]) if by_length else out[sweep]
@@ -245,7 +254,18 @@ def main_spec(a: argparse.Namespace) -> int:
         for k, v in {"ci_target": a.ci_target, "iters": a.iters, "floor_calls": a.floor_calls}.items()
         if v is not None
     }
-    out = project_spec(a.spec, a.rows, a.per_row_s, a.per_call_ms, a.fixed_s, a.by_length, what_if)
+    per_cell: dict[str, float] = {}
+    out = project_spec(a.spec, a.rows, a.per_row_s, a.per_call_ms, a.fixed_s, a.by_length, what_if, per_cell)
+    if a.cells_out:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        digests = sorted(per_cell)
+        table = pa.table(
+            {"cell_digest": digests, "projected_s": pa.array([per_cell[d] for d in digests], pa.float64())}
+        )
+        pq.write_table(table, a.cells_out, compression="zstd")
+        print(f"{a.cells_out}: the projected seconds of {len(digests)} cells left")
     if what_if:
         print(f"what if the spec's repeat had {what_if} (every cell then has a new digest: all left)")
     print(f"{'sweep':22s} {'cells':>6s} {'rows':>6s} {'unmeasured':>10s} {'minutes':>8s} {'left':>6s} {'minutes':>8s}")
@@ -266,6 +286,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep")
     ap.add_argument("--spec", help="project the whole spec under its own protocol instead")
     ap.add_argument("--by-length", action="store_true", help="with --spec: a line per sweep and length")
+    ap.add_argument(
+        "--cells-out",
+        metavar="PARQUET",
+        help="with --spec: write each left cell's projected seconds (cell_digest, projected_s), for `longca run "
+        "--estimates`",
+    )
     ap.add_argument(
         "--resample",
         action="store_true",

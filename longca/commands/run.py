@@ -49,6 +49,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="with --sample: draw only among the cells that have ok rows of their current digest in this table "
         "(a published aggregate, or any Parquet with a cell_digest column): a re-run check of what it measured",
     )
+    p.add_argument(
+        "--time-left",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="the run must be done within SECONDS (a device call's limit): with --estimates, a single-device cell "
+        "whose projection does not fit in the time left is left for a later run (longca/run/time_left.py)",
+    )
+    p.add_argument(
+        "--estimates",
+        metavar="PARQUET",
+        default=None,
+        help="with --time-left: each cell's projected seconds (cell_digest, projected_s), as "
+        "tools/sweep_projection.py --spec SPEC --cells-out writes them",
+    )
     p.add_argument("outputs", nargs="*", help="cell output files to produce (as planned by the Snakefile)")
     p.set_defaults(func=_run)
 
@@ -59,9 +74,10 @@ def _run(args: argparse.Namespace) -> int:
     from longca.spec.load import load_spec
     from longca.spec.select import check_selection, selector
 
+    time_left = _time_left(args.time_left, args.estimates)
     spec = load_spec(args.spec)  # once per process: every chunk below runs from this spec and its cells
     if args.outputs:
-        return run_chunk(spec, args.outputs, args.results, args.launcher)
+        return run_chunk(spec, args.outputs, args.results, args.launcher, time_left=time_left)
     cells, jobs = plan_jobs(spec, args.results, retry=frozenset(args.retry))
     check_selection(spec.name, cells, args.sweep, args.only)
     if args.shard:
@@ -87,8 +103,24 @@ def _run(args: argparse.Namespace) -> int:
             pairs = [(c, o) for c, o in pairs if _config_index(c) % n == i]
         outputs = [o for _, o in pairs]
         if outputs:
-            run_chunk(spec, outputs, args.results, args.launcher, cells=cells)
+            run_chunk(spec, outputs, args.results, args.launcher, cells=cells, time_left=time_left)
     return 0
+
+
+def _time_left(seconds: float | None, estimates: str | None):
+    """The run's TimeLeft from --time-left and --estimates (both or neither), counted from now."""
+    import math
+
+    from longca.run.time_left import TimeLeft, load_estimates
+
+    if seconds is None and estimates is None:
+        return None
+    if seconds is None or estimates is None:
+        given, missing = ("--time-left", "--estimates") if estimates is None else ("--estimates", "--time-left")
+        raise ValueError(f"{given}: allowed only with {missing} (which cells fit needs both)")
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"--time-left {seconds:g}: allowed: a positive number of seconds")
+    return TimeLeft.starting_now(seconds, load_estimates(estimates))
 
 
 def _config_index(cell) -> int:

@@ -40,6 +40,7 @@ from longca.measure.timer import RETAINED_GRAPH, time_under, timer_for
 from longca.run.agreement import GRADIENTS, agreement_applies, compare, compares_gradients
 from longca.run.check import check_columns, check_verdict
 from longca.run.rows import base_row, classify, gate_peak, mask_columns, softmax_flops, status_row, timing_columns
+from longca.run.time_left import LeftForLater
 from longca.spec.cells import Cell
 from longca.store.draws import load_draw, save_draw
 from longca.vocab import Pass, Status
@@ -495,6 +496,7 @@ def run_cell(
     caches: CellCaches | None = None,
     keep_draws: str | Path | None = None,
     on_draw: Callable[[int], None] | None = None,
+    may_start: Callable[[int], str | None] | None = None,
 ) -> list[dict[str, Any]]:
     """All rows of one cell (one per mask sample), never raising for the cell's own failures.
     `caches`: what earlier cells of this process left for this one (none: a fresh start).
@@ -503,6 +505,9 @@ def run_cell(
     again. Its row keeps its own run, time and clocks; `cell_wall_s` adds the wall that draw took.
     `on_draw(k)`: called when draw k is measured (the worker tells its supervisor, whose time limit
     then starts again: `timeout_s` bounds one draw of a sampled mask, not all of them).
+    `may_start(k)`: asked before draw k is measured; a reason stops the cell there by raising
+    LeftForLater, its finished draws kept (longca.run.time_left: the draw does not fit in the time
+    the run has left).
 
     Rows whose key `_fatal` is true ask the caller to restart the process (a CUDA error leaves the
     context unusable).
@@ -539,6 +544,8 @@ def run_cell(
                     earlier_s += kept["cell_wall_s"] or 0.0
                     rows.append(kept)
                     continue
+                if may_start is not None and (why := may_start(sample)):
+                    raise LeftForLater(why)
                 row = base_row(cell)
                 row.update(_measure_sample(cell, device, sample, check, caches))
                 gate_peak(row, device)
@@ -549,7 +556,7 @@ def run_cell(
                     on_draw(sample)
                 t_draw = time.perf_counter()
     except BaseException as exc:  # noqa: BLE001 - every failure of the cell becomes its row
-        if isinstance(exc, KeyboardInterrupt):
+        if isinstance(exc, (KeyboardInterrupt, LeftForLater)):  # not a failure: no row
             raise
         if t_check is not None:  # failed inside the check: its time so far
             check_s = time.perf_counter() - t_check

@@ -28,10 +28,12 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from longca.run.cell import planned_unsupported
 from longca.run.gpu_lease import gpu_count, lease_gpus
 from longca.run.rows import status_row, summarize
+from longca.run.time_left import TimeLeft
 from longca.spec.cells import Cell, expand
 from longca.spec.load import Spec
 from longca.store.write import write_rows
@@ -187,12 +189,18 @@ def _describe_exit(code: int | None) -> str:
     return f"exit code {code}"
 
 
-def run_device_cells(cells: list[Cell], outputs: list[str], workdir: Path) -> dict[str, float]:
-    """Run cells in worker processes, restarting after timeouts and crashes. Returns sweep stats."""
+def run_device_cells(
+    cells: list[Cell], outputs: list[str], workdir: Path, time_left: TimeLeft | None = None
+) -> dict[str, Any]:
+    """Run cells in worker processes, restarting after timeouts and crashes. Returns sweep stats,
+    and in "skipped" the outputs of cells left for a later run (`time_left`: they did not fit)."""
     job_file = workdir / "job.json"
-    job_file.write_text(json.dumps({"cells": [c.to_json() for c in cells], "outputs": outputs}))
+    job = {"cells": [c.to_json() for c in cells], "outputs": outputs}
+    if time_left is not None:
+        job["time_left"] = time_left.to_json()
+    job_file.write_text(json.dumps(job))
     start = 0
-    stats = {"kernel_s": 0.0, "restarts": 0}
+    stats: dict[str, Any] = {"kernel_s": 0.0, "restarts": 0, "skipped": []}
     while start < len(cells):
         job = json.loads(job_file.read_text())
         job["start"] = start
@@ -278,9 +286,12 @@ def run_device_cells(cells: list[Cell], outputs: list[str], workdir: Path) -> di
                 elif parts[0] == "DRAW" and current is not None:
                     # a finished draw is progress: the limit bounds one draw of a sampled mask
                     deadline = max(deadline, time.monotonic() + cells[current].timeout_s)
-                elif parts[0] == "DONE":
+                elif parts[0] in ("DONE", "SKIP"):
                     finished_through = int(parts[1])
-                    stats["kernel_s_worker"] = float(parts[2])
+                    if parts[0] == "DONE":
+                        stats["kernel_s_worker"] = float(parts[2])
+                    else:
+                        stats["skipped"].append(outputs[finished_through])
                     current = None
                     if finished_through + 1 < len(cells):
                         deadline = time.monotonic() + cells[finished_through + 1].timeout_s + GRACE_S
@@ -412,8 +423,10 @@ def run_chunk(
     results_dir: str = "results",
     launcher: str = "auto",
     cells: list[Cell] | None = None,
+    time_left: TimeLeft | None = None,
 ) -> int:
-    """Produce the cell files `outputs` of `spec` (its `cells`, when the caller expanded them already)."""
+    """Produce the cell files `outputs` of `spec` (its `cells`, when the caller expanded them already);
+    with `time_left`, single-device cells that do not fit in it are left for a later run."""
     signal.signal(signal.SIGTERM, _on_term)
     by_path = {os.path.normpath(c.output(results_dir)): c for c in (cells if cells is not None else expand(spec))}
     wanted = []
@@ -440,7 +453,7 @@ def run_chunk(
     # Never two chunks on one GPU (Snakemake's local executor starts many at once): see gpu_lease.
     needed = max([1 if device else 0] + [c.world_size for c, _ in cp]) if spec.device == "cuda" else 0
     with lease_gpus(needed, log=_log):
-        return _run_cells(outputs, wanted, device, cp, results_dir, launcher)
+        return _run_cells(outputs, wanted, device, cp, results_dir, launcher, time_left)
 
 
 def _run_cells(
@@ -450,12 +463,13 @@ def _run_cells(
     cp: list[tuple[Cell, str]],
     results_dir: str,
     launcher: str,
+    time_left: TimeLeft | None = None,
 ) -> int:
     t0 = time.perf_counter()
-    stats = {"kernel_s": 0.0}
+    stats: dict[str, Any] = {"kernel_s": 0.0, "skipped": []}
     with tempfile.TemporaryDirectory(prefix="longca-chunk-") as tmp:
         if device:
-            stats = run_device_cells([c for c, _ in device], [o for _, o in device], Path(tmp))
+            stats = run_device_cells([c for c, _ in device], [o for _, o in device], Path(tmp), time_left)
         by_world: dict[int, list[tuple[Cell, str]]] = {}
         for c, o in cp:
             by_world.setdefault(c.world_size, []).append((c, o))
@@ -464,12 +478,14 @@ def _run_cells(
             sub.mkdir()
             run_cp_cells([c for c, _ in members], [o for _, o in members], sub, launcher)
     wall = time.perf_counter() - t0
+    skipped = set(stats["skipped"])
     if device:
+        later = f", {len(skipped)} left for a later run (time left)" if skipped else ""
         _log(
-            f"chunk done: {len(wanted)} cells in {wall:.1f} s; summed timed kernel time {stats['kernel_s']:.1f} s "
-            f"({100 * stats['kernel_s'] / max(wall, 1e-9):.1f}% of wall)"
+            f"chunk done: {len(wanted) - len(skipped)} cells in {wall:.1f} s{later}; summed timed kernel time "
+            f"{stats['kernel_s']:.1f} s ({100 * stats['kernel_s'] / max(wall, 1e-9):.1f}% of wall)"
         )
-    missing = [o for o in outputs if not Path(o).exists()]
+    missing = [o for o in outputs if not Path(o).exists() and o not in skipped]
     if missing:
         raise RuntimeError(f"cells without a result file after the chunk: {missing[:5]}")
     return 0

@@ -5,7 +5,9 @@ limit and restarts a fresh one for the remaining cells; a crash (segfault, abort
 cell that was running, which the supervisor records as an `error` row.
 
 Protocol on the status pipe, one line each: `START <i>` before cell i, `DRAW <i> <k>` after its
-draw k is measured, `DONE <i>` after its file is written. Exit code 3 asks for a restart (the CUDA
+draw k is measured, `DONE <i>` after its file is written, `SKIP <i>` for a cell left for a later run
+(with its finished draws kept) because its next draw does not fit in the time the run has left
+(longca.run.time_left). Exit code 3 asks for a restart (the CUDA
 context is unusable after a CUDA error).
 """
 
@@ -28,6 +30,7 @@ def main(argv: list[str]) -> int:
     from longca.kernels.registry import load_all
     from longca.run.cell import CellCaches, run_cell
     from longca.run.rows import summarize
+    from longca.run.time_left import LeftForLater, TimeLeft
     from longca.spec.cells import Cell
     from longca.store.draws import clear_draws
     from longca.store.write import write_rows
@@ -41,15 +44,30 @@ def main(argv: list[str]) -> int:
     load_all()  # includes LONGCA_PLUGINS
     kernel_s = 0.0
     caches = CellCaches()  # the chunk's cells share checks, references and masks
+    time_left = TimeLeft.from_json(job["time_left"]) if job.get("time_left") else None
     t0 = time.perf_counter()
     for i, (cell_json, path) in enumerate(zip(job["cells"], job["outputs"])):
         if i < job.get("start", 0):
             continue
         cell = Cell.from_json(cell_json)
-        status.write(f"START {i}\n")
-        rows = run_cell(  # a stopped run's finished draws are kept; each finished draw resets the clock
-            cell, caches, keep_draws=path, on_draw=lambda k, i=i: status.write(f"DRAW {i} {k}\n")
-        )
+        # a draw that does not fit in the time left is not started (longca.run.time_left): first
+        # here, before the cell's check, then before each of its draws
+        may_start = (lambda k, cell=cell: time_left.refusal(cell)) if time_left else None
+        try:
+            if may_start and (why := may_start(0)):
+                raise LeftForLater(why)
+            status.write(f"START {i}\n")
+            rows = run_cell(  # a stopped run's finished draws are kept; each finished draw resets the clock
+                cell,
+                caches,
+                keep_draws=path,
+                on_draw=lambda k, i=i: status.write(f"DRAW {i} {k}\n"),
+                may_start=may_start,
+            )
+        except LeftForLater as later:
+            print(f"[longca] {cell.id}: {later}", file=sys.stderr, flush=True)
+            status.write(f"SKIP {i}\n")
+            continue
         write_rows(path, rows)
         clear_draws(path)
         kernel_s += sum(r.get("_kernel_s", 0.0) for r in rows)

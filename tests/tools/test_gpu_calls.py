@@ -87,6 +87,10 @@ def test_a_series_of_calls_carries_its_selection_and_merges_once(tree: Path, tmp
     # the first call carries the published rows of its selection's current cells only
     assert _digests(carried) == [AT_256[0].digest]
     assert not (tree / "reports").exists() and (published / "reports" / "default" / "index.html").is_file()
+    # each cell left of the published set with its projected seconds, for the calls' --time-left
+    estimates = dict(zip(*pq.read_table(tree / "results" / "default" / "estimates.parquet").to_pydict().values()))
+    assert AT_256[2].digest in estimates and all(s > 0 for s in estimates.values())
+    assert not {c.digest for c in (AT_256[0], *AT_512)} & set(estimates)  # published: not left
 
     call1 = _call(tmp_path, "call1", carried, [AT_256[1]], "c1", 10, draws=True)
     (tree / ".draws").mkdir()
@@ -111,6 +115,7 @@ def test_a_series_of_calls_carries_its_selection_and_merges_once(tree: Path, tmp
     assert _digests(agg) == want
     assert (tree / "reports" / "default" / "index.html").read_text() == "<p>published</p>"
     assert not published.exists()
+    assert not (tree / "results" / "default" / "estimates.parquet").exists()  # the calls' only
 
 
 def test_finish_writes_nothing_when_a_row_would_be_there_twice(tree: Path, tmp_path: Path) -> None:

@@ -124,3 +124,19 @@ def test_finished_draws_of_unfinished_cells_travel_to_the_next_call(tmp_path: Pa
     assert (work / cells / "cell-aaa.draw-0.partial").read_bytes() == b"a draw's row"
     with tarfile.open(out / "draws.tar.gz") as tar:
         assert tar.getnames() == [str(cells / "cell-aaa.draw-0.partial")]
+
+
+def test_a_call_passes_its_time_left_and_the_projections_to_the_run(tmp_path: Path) -> None:
+    # gpu-calls.sh leaves results/<name>/estimates.parquet beside the carried rows; the call hands it
+    # to `longca run` with its time left (which cells fit: tests/run/test_time_left.py). Here it is
+    # not a projections table, and the run says so: it was given both.
+    import tarfile
+
+    work, out = _tree(tmp_path, unreadable_aggregate=False), tmp_path / "out"
+    (work / "results" / "default" / "estimates.parquet").write_bytes(b"not parquet")
+    done = _call(work, out, 90, "--sweep", "dense", "--only", "kernel=naive", "--only", "seqlen=256")
+    assert done.returncode == 0, done.stderr
+    with tarfile.open(out / "logs.tar.gz") as tar:
+        tar.extractall(tmp_path / "logs")
+    log = (tmp_path / "logs" / "run-0.log").read_text()
+    assert "--estimates 'results/default/estimates.parquet': allowed: a Parquet table with columns" in log

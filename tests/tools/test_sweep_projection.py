@@ -168,3 +168,35 @@ sweeps: [{name: s}]
     fwd_s = (2.0 + 3 * 2.0 + 2 * 2.0) / 1000.0 + 0.5
     bwd_s = (5.0 + 3 * 5.0 + (2.0 + 5.0)) / 1000.0 + 0.5
     assert got == pytest.approx(fwd_s + bwd_s)
+
+
+def test_cells_out_holds_each_left_cells_projected_seconds(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    from longca.run.cell import planned_unsupported
+    from longca.spec.cells import expand
+    from longca.spec.load import load_spec
+
+    spec = ROOT / "specs" / "default.yaml"
+    cells = [c for c in expand(load_spec(spec)) if not planned_unsupported(c)]
+    dense = [c for c in cells if c.sweep == "dense"]
+    done, older = dense[0], dense[1]  # one measured under its digest, one under an older one
+    rows = _rows_of(tmp_path / "a.parquet", done.id, done)
+    _rows_of(tmp_path / "b.parquet", older.id.rsplit("@", 1)[0] + "@00000000", older, median_ms=4.0)
+    both = tmp_path / "both.parquet"
+    pq.write_table(pa_concat([rows, tmp_path / "b.parquet"]), both)
+    out = tmp_path / "estimates.parquet"
+    args = ["--rows", str(both), "--spec", str(spec), "--per-row-s", "0", "--per-call-ms", "0", "--cells-out", str(out)]
+    assert sp.main(args) == 0
+    got = dict(zip(*pq.read_table(out).to_pydict().values()))
+    assert done.digest not in got and len(got) == len(cells) - 1  # every left cell, none done
+    # the older digest's own samples: per draw a 4 ms warm-up and three 4 ms calls, and its 0.5 s check
+    assert got[older.digest] == pytest.approx(older.samples * (4.0 + 3 * 4.0) / 1000.0 + 0.5)
+    assert all(s > 0 for s in got.values())  # never measured: the median of measured cells
+
+
+def pa_concat(paths: list[Path]):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    return pa.concat_tables([pq.read_table(p) for p in paths])

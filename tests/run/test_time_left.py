@@ -1,0 +1,107 @@
+"""longca.run.time_left: a cell starts only where its projection, for the draws it has not kept, fits
+in the time its run has left; a run leaves the others for later, with no file and no row."""
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from longca.run.chunk import run_chunk
+from longca.run.time_left import MARGIN, TimeLeft, load_estimates
+from longca.spec.cells import expand
+from longca.spec.load import load_spec
+
+SPEC = """
+name: t
+device: cpu
+repeat: {warmup: 0, iters: 2, min_iters: 1, budget_s: 0.1, l2_flush: false}
+check: {max_seqlen: 128}
+mask_samples: {multi_document: 3, single: 1}
+kernels: [naive, sdpa_math]
+masks: [full, causal_document]
+seqlens: [64]
+heads: ["2:2"]
+head_dims: [16]
+dtypes: [float32]
+passes: [fwd]
+sweeps: [{name: s}]
+"""
+
+
+def _cells(tmp_path: Path):
+    path = tmp_path / "t.yaml"
+    path.write_text(SPEC)
+    spec = load_spec(path)
+    return spec, expand(spec)
+
+
+def test_a_draw_is_refused_when_its_share_of_the_projection_exceeds_the_time_left(tmp_path):
+    _, cells = _cells(tmp_path)
+    doc = next(c for c in cells if c.mask == "causal_document")
+    full = next(c for c in cells if c.mask == "full")
+    assert doc.samples == 3 and full.samples == 1
+    assert MARGIN == 1.25  # the figures below: a draw needs 1.25 times its share of the projection
+    rule = TimeLeft(stop_at=1000.0, total_s=500.0, estimates={doc.digest: 240.0, full.digest: 240.0})
+    assert rule.refusal(doc, now=900.0) is None  # a draw: 1.25 x 80 s in 100 s
+    assert rule.refusal(doc, now=950.0) == "left for a later run: projected 100 s a draw (3 draws), 50 s left"
+    assert rule.refusal(full, now=750.0) == "left for a later run: projected 300 s, 250 s left"
+    assert rule.refusal(full, now=700.0) is None
+    assert rule.refusal(full, now=1100.0) == "left for a later run: projected 300 s, 0 s left"
+    other = next(c for c in cells if c.mask == "full" and c.kernel != full.kernel)
+    assert rule.refusal(other, now=2000.0) is None  # no projection: it runs
+    # a draw longer than the whole run fits no call: it runs, as without estimates
+    assert TimeLeft(1000.0, 250.0, {full.digest: 240.0}).refusal(full, now=999.0) is None
+    assert TimeLeft.from_json(rule.to_json()) == rule
+
+
+def test_a_cell_refused_between_draws_keeps_the_draws_it_finished_and_writes_no_row(tmp_path):
+    from longca.run.cell import run_cell
+    from longca.run.time_left import LeftForLater
+    from longca.store.draws import draw_file
+
+    _, cells = _cells(tmp_path)
+    doc = next(c for c in cells if c.mask == "causal_document" and c.kernel == "naive")
+    out = Path(doc.output(tmp_path / "results"))
+    asked = []
+
+    def may_start(k: int) -> str | None:
+        asked.append(k)
+        return "left for a later run: no time" if k == 1 else None
+
+    with pytest.raises(LeftForLater, match="no time"):
+        run_cell(doc, keep_draws=out, may_start=may_start)
+    assert asked == [0, 1] and draw_file(out, 0).is_file() and not draw_file(out, 1).is_file()
+    assert not out.exists()
+    # the next run measures draws 1 and 2 only, asking only for them
+    asked.clear()
+    rows = run_cell(doc, keep_draws=out, may_start=lambda k: asked.append(k))
+    assert asked == [1, 2] and [r["mask_sample"] for r in rows] == [0, 1, 2]
+    assert {r["status"] for r in rows} == {"ok"}
+
+
+def test_a_run_leaves_the_cells_that_do_not_fit_and_measures_the_rest(tmp_path, capfd):
+    spec, cells = _cells(tmp_path)
+    full = [c for c in cells if c.mask == "full"]
+    long_, short = full  # naive and sdpa_math on the full mask
+    outputs = [c.output(tmp_path / "results") for c in full]
+    rule = TimeLeft.starting_now(120.0, {long_.digest: 80.0, short.digest: 0.5})  # 1.25 x 80 s: 100 s
+    rule = TimeLeft(rule.stop_at - 60.0, rule.total_s, rule.estimates)  # 60 s of it already spent
+    assert run_chunk(spec, outputs, str(tmp_path / "results"), time_left=rule) == 0  # nothing counted missing
+    assert not Path(outputs[0]).exists()  # left for a later run: no file, no row
+    assert [r["status"] for r in pq.read_table(outputs[1]).to_pylist()] == ["ok"]
+    err = capfd.readouterr().err
+    assert f"{long_.id}: left for a later run: projected 100 s, " in err
+    assert "chunk done: 1 cells in" in err and "1 left for a later run (time left)" in err
+
+
+def test_estimates_load_from_the_projections_table_and_refuse_anything_else(tmp_path):
+    good = tmp_path / "e.parquet"
+    pq.write_table(pa.table({"cell_digest": ["a", "b", None], "projected_s": [1.5, None, 2.0]}), good)
+    assert load_estimates(good) == {"a": 1.5}
+    wrong = tmp_path / "w.parquet"
+    pq.write_table(pa.table({"cell_digest": ["a"]}), wrong)
+    with pytest.raises(ValueError, match="allowed: a Parquet table with columns cell_digest and projected_s"):
+        load_estimates(wrong)
+    with pytest.raises(ValueError, match="no such file"):
+        load_estimates(tmp_path / "none.parquet")
