@@ -32,7 +32,7 @@ def main(argv: list[str]) -> int:
     from longca.run.rows import summarize
     from longca.run.time_left import LeftForLater, TimeLeft
     from longca.spec.cells import Cell
-    from longca.store.draws import clear_draws
+    from longca.store.draws import all_kept, clear_draws
     from longca.store.write import write_rows
 
     # FlashAttention-4 compiles each configuration on first use; its on-disk cache lets every
@@ -51,10 +51,10 @@ def main(argv: list[str]) -> int:
             continue
         cell = Cell.from_json(cell_json)
         # a draw that does not fit in the time left is not started (longca.run.time_left): first
-        # here, before the cell's check, then before each of its draws
+        # here, before the cell's check (unless every draw is kept already), then before each draw
         may_start = (lambda k, cell=cell: time_left.refusal(cell)) if time_left else None
         try:
-            if may_start and (why := may_start(0)):
+            if may_start and not all_kept(cell, path) and (why := may_start(0)):
                 raise LeftForLater(why)
             status.write(f"START {i}\n")
             rows = run_cell(  # a stopped run's finished draws are kept; each finished draw resets the clock

@@ -45,6 +45,11 @@ def load_draw(cell_file: str | Path, sample: int) -> dict[str, Any] | None:
     return rows[0] if len(rows) == 1 and rows[0].get("status") == "ok" else None
 
 
+def all_kept(cell: Any, cell_file: str | Path) -> bool:
+    """Whether every draw of a sampled cell (`cell.samples` > 1) is kept beside its file."""
+    return cell.samples > 1 and all(draw_file(cell_file, k).is_file() for k in range(cell.samples))
+
+
 def clear_draws(cell_file: str | Path) -> None:
     """Remove the draw files of a cell whose cell file is written."""
     p = Path(cell_file)

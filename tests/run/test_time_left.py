@@ -105,3 +105,22 @@ def test_estimates_load_from_the_projections_table_and_refuse_anything_else(tmp_
         load_estimates(wrong)
     with pytest.raises(ValueError, match="no such file"):
         load_estimates(tmp_path / "none.parquet")
+
+
+def test_a_cell_whose_draws_are_all_kept_is_written_whatever_the_time_left(tmp_path):
+    # a run stopped after the last draw was kept but before the cell file: nothing is left to
+    # measure, so no projection holds the cell back
+    from longca.run.cell import run_cell
+    from longca.store.draws import all_kept, save_draw
+
+    spec, cells = _cells(tmp_path)
+    doc = next(c for c in cells if c.mask == "causal_document" and c.kernel == "naive")
+    out = doc.output(tmp_path / "results")
+    for row in run_cell(doc):
+        save_draw(out, row["mask_sample"], row)
+    assert all_kept(doc, out)
+    rule = TimeLeft.starting_now(100.0, {doc.digest: 1e4})  # never fits, but fits the run: refused
+    rule = TimeLeft(rule.stop_at, 1e5, rule.estimates)
+    assert rule.refusal(doc) is not None
+    assert run_chunk(spec, [out], str(tmp_path / "results"), time_left=rule) == 0
+    assert [r["mask_sample"] for r in pq.read_table(out).to_pylist()] == [0, 1, 2]
