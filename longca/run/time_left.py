@@ -9,7 +9,8 @@ a draw of a single-device cell whose share of the projection (the cell's seconds
 times MARGIN) exceeds the time left is not started: the cell is left for a later run with the draws it finished
 kept, and no file and no row are written; a line in the log says so. The run goes on with the next
 cells, which may fit; a call with nothing left that fits ends early, and its device time goes to the
-next call. A cell without a projection runs (nothing says it does not fit), and so does a draw
+next call. After a cell's first draw in a run, what that draw took counts too, where it is longer. A cell
+without a projection runs its first draw (nothing says it does not fit), and so does a draw
 projected longer than the whole run (`total_s`: no call would ever fit it, so it runs as it would
 without estimates, stopped at the limit). CP cells run as a group of processes
 (longca.run.ranks) and are not held back.
@@ -56,18 +57,24 @@ class TimeLeft:
         estimates = {str(k): float(v) for k, v in data["estimates"].items()}
         return cls(float(data["stop_at"]), float(data["total_s"]), estimates)
 
-    def refusal(self, cell: Cell, now: float | None = None) -> str | None:
-        """Why the next draw of `cell` is not started now, or None: its share of the cell's
-        projection, times MARGIN, is longer than the time left (and not longer than the whole run)."""
+    def refusal(self, cell: Cell, now: float | None = None, last_draw_s: float | None = None) -> str | None:
+        """Why the next draw of `cell` is not started now, or None: MARGIN times the longer of its
+        share of the cell's projection and `last_draw_s` (what its previous draw took in this run:
+        a projection from other cells' rows can be far off) is longer than the time left, and not
+        longer than the whole run."""
         projected = self.estimates.get(cell.digest)
-        if projected is None:
+        share = None if projected is None else projected / cell.samples
+        known = [x for x in (share, last_draw_s) if x is not None]
+        if not known:
             return None
-        need = MARGIN * projected / cell.samples
+        need = MARGIN * max(known)
         left = self.stop_at - (time.time() if now is None else now)
         if need <= left or need > self.total_s:
             return None
         what = f"{need:.0f} s a draw ({cell.samples} draws)" if cell.samples > 1 else f"{need:.0f} s"
-        return f"left for a later run: projected {what}, {max(left, 0.0):.0f} s left"
+        if last_draw_s is not None and (share is None or last_draw_s > share):
+            what += f", as its last draw took {last_draw_s:.0f} s"
+        return f"left for a later run: needs {what}, {max(left, 0.0):.0f} s left"
 
 
 def load_estimates(path: str | Path) -> dict[str, float]:

@@ -52,7 +52,10 @@ def main(argv: list[str]) -> int:
         cell = Cell.from_json(cell_json)
         # a draw that does not fit in the time left is not started (longca.run.time_left): first
         # here, before the cell's check (unless every draw is kept already), then before each draw
-        may_start = (lambda k, cell=cell: time_left.refusal(cell)) if time_left else None
+        drawn = [time.time()]  # when the cell, then each of its draws, ended: what a draw takes
+        may_start = (
+            (lambda k, cell=cell, drawn=drawn: time_left.refusal(cell, last_draw_s=_last(drawn))) if time_left else None
+        )
         try:
             if may_start and not all_kept(cell, path) and (why := may_start(0)):
                 raise LeftForLater(why)
@@ -61,7 +64,7 @@ def main(argv: list[str]) -> int:
                 cell,
                 caches,
                 keep_draws=path,
-                on_draw=lambda k, i=i: status.write(f"DRAW {i} {k}\n"),
+                on_draw=lambda k, i=i, drawn=drawn: _drew(status, i, k, drawn),
                 may_start=may_start,
             )
         except LeftForLater as later:
@@ -76,6 +79,18 @@ def main(argv: list[str]) -> int:
         if any(r.get("_fatal") for r in rows):
             return EXIT_RESTART
     return 0
+
+
+def _drew(status, i: int, k: int, ends: list[float]) -> None:
+    """Draw k of cell i is measured: note when, and tell the supervisor (its time limit restarts)."""
+    ends.append(time.time())
+    status.write(f"DRAW {i} {k}\n")
+
+
+def _last(ends: list[float]) -> float | None:
+    """The seconds between the last two entries (the last draw's, check included for a first
+    draw), or None before a draw has ended."""
+    return ends[-1] - ends[-2] if len(ends) > 1 else None
 
 
 if __name__ == "__main__":

@@ -44,15 +44,21 @@ def test_a_draw_is_refused_when_its_share_of_the_projection_exceeds_the_time_lef
     assert MARGIN == 1.25  # the figures below: a draw needs 1.25 times its share of the projection
     rule = TimeLeft(stop_at=1000.0, total_s=500.0, estimates={doc.digest: 240.0, full.digest: 240.0})
     assert rule.refusal(doc, now=900.0) is None  # a draw: 1.25 x 80 s in 100 s
-    assert rule.refusal(doc, now=950.0) == "left for a later run: projected 100 s a draw (3 draws), 50 s left"
-    assert rule.refusal(full, now=750.0) == "left for a later run: projected 300 s, 250 s left"
+    assert rule.refusal(doc, now=950.0) == "left for a later run: needs 100 s a draw (3 draws), 50 s left"
+    assert rule.refusal(full, now=750.0) == "left for a later run: needs 300 s, 250 s left"
     assert rule.refusal(full, now=700.0) is None
-    assert rule.refusal(full, now=1100.0) == "left for a later run: projected 300 s, 0 s left"
+    assert rule.refusal(full, now=1100.0) == "left for a later run: needs 300 s, 0 s left"
     other = next(c for c in cells if c.mask == "full" and c.kernel != full.kernel)
     assert rule.refusal(other, now=2000.0) is None  # no projection: it runs
     # a draw longer than the whole run fits no call: it runs, as without estimates
     assert TimeLeft(1000.0, 250.0, {full.digest: 240.0}).refusal(full, now=999.0) is None
     assert TimeLeft.from_json(rule.to_json()) == rule
+    # after a draw in this run, what it took counts where it is longer than the projection's share
+    assert rule.refusal(doc, now=900.0, last_draw_s=70.0) is None  # 1.25 x 80 s in 100 s
+    assert rule.refusal(doc, now=900.0, last_draw_s=90.0) == (
+        "left for a later run: needs 112 s a draw (3 draws), as its last draw took 90 s, 100 s left"
+    )
+    assert rule.refusal(other, now=900.0, last_draw_s=90.0) is not None  # no projection, a draw seen
 
 
 def test_a_cell_refused_between_draws_keeps_the_draws_it_finished_and_writes_no_row(tmp_path):
@@ -91,7 +97,7 @@ def test_a_run_leaves_the_cells_that_do_not_fit_and_measures_the_rest(tmp_path, 
     assert not Path(outputs[0]).exists()  # left for a later run: no file, no row
     assert [r["status"] for r in pq.read_table(outputs[1]).to_pylist()] == ["ok"]
     err = capfd.readouterr().err
-    assert f"{long_.id}: left for a later run: projected 100 s, " in err
+    assert f"{long_.id}: left for a later run: needs 100 s, " in err
     assert "chunk done: 1 cells in" in err and "1 left for a later run (time left)" in err
 
 
@@ -124,3 +130,33 @@ def test_a_cell_whose_draws_are_all_kept_is_written_whatever_the_time_left(tmp_p
     assert rule.refusal(doc) is not None
     assert run_chunk(spec, [out], str(tmp_path / "results"), time_left=rule) == 0
     assert [r["mask_sample"] for r in pq.read_table(out).to_pylist()] == [0, 1, 2]
+
+
+def test_the_worker_counts_what_a_cells_last_draw_took(tmp_path, monkeypatch):
+    # The projection says 1 s a draw; in this run the first draw took 40 s (a fake clock: each of the
+    # worker's readings is 40 s after the last), so the second draw needs 1.25 x 40 s, more than the
+    # 45 s left: the cell stops after one draw, kept, and the worker reports it left for later.
+    import json
+    import os
+    import types
+
+    import longca.run.time_left as time_left_module
+    import longca.run.worker as worker
+    from longca.store.draws import draw_file
+
+    spec, cells = _cells(tmp_path)
+    doc = next(c for c in cells if c.mask == "causal_document" and c.kernel == "naive")
+    out = doc.output(tmp_path / "results")
+    readings = iter(range(0, 10_000, 40))
+    monkeypatch.setattr(
+        worker, "time", types.SimpleNamespace(time=lambda: float(next(readings)), perf_counter=lambda: 0.0)
+    )
+    monkeypatch.setattr(time_left_module, "time", types.SimpleNamespace(time=lambda: 1000.0))
+    rule = TimeLeft(stop_at=1045.0, total_s=500.0, estimates={doc.digest: 3.0})
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({"cells": [doc.to_json()], "outputs": [out], "time_left": rule.to_json()}))
+    read_fd, write_fd = os.pipe()
+    assert worker.main([str(job), str(write_fd)]) == 0  # its status file closed the write end
+    with os.fdopen(read_fd) as pipe:
+        assert pipe.read().split("\n") == ["START 0", "DRAW 0 0", "SKIP 0", ""]
+    assert draw_file(out, 0).is_file() and not draw_file(out, 1).is_file() and not Path(out).exists()
