@@ -48,7 +48,7 @@ case $cmd in
     [ -d reports ] && mv reports "$published/reports"
     selection_rows "$@"
     python3 "$(dirname "$0")/sweep_projection.py" --rows "$published/$agg" --spec "$spec" \
-      --cells-out "results/$name/estimates.parquet" | head -n 1
+      --cells-out "results/$name/estimates.parquet" | sed -n 1p  # sed reads it all: no SIGPIPE
     ;;
   next)
     call=${1:?usage: gpu-calls.sh next SPEC CALL_OUT [selection...]}
