@@ -19,15 +19,17 @@ calls), the L2 flush per call, the graph replays of forward cells (`repeat.graph
 again, below `graph_below_ms`), the full-length agreement of cells beyond the check length
 (`check.agree_with`: the cell's own forward and a comparator's, at the cell's forward time; where
 the gradients are compared, `agree_gradients`, the comparator's forward and backward, at the cell's
-forward and call time) and a per-row overhead; per cell its
-committed check and compile seconds; per sweep a fixed start-up. A row per mask draw of the spec.
-Cells the spec marks unsupported cost nothing; failed cells their committed wall (a timeout its
-limit); cells never measured the median projection of measured cells of the same sweep, length and
-pass (counted apart). Beside the whole spec it projects what is left: the cells no row of their
-current digest records yet (`cell_id`), so a re-measure under way can be planned call by call;
-`--by-length` splits each sweep by length (its start-up on a line of its own); `--cells-out` writes
-each left cell's projected seconds, which `longca run --time-left S --estimates FILE` reads to start
-only cells that fit in a device call. `--ci-target`,
+forward and call time) and a per-row overhead; per cell its committed check and compile seconds;
+per sweep a fixed start-up. A row per mask draw of the spec. Cells the spec marks unsupported cost
+nothing; failed cells their committed wall (a timeout its limit); a backward cell never measured
+whose forward cell was, its forward rows with each call scaled by the kernel's backward/forward
+call ratio at that length (2.5 where no mask has both); other cells never measured their draws
+times the median projection per draw of measured cells of the same sweep, kernel, length and pass,
+else of the same sweep, length and pass (both counted apart). Beside the whole spec it projects
+what is left: the cells no row of their current digest records yet (`cell_id`), so a re-measure
+under way can be planned call by call; `--by-length` splits each sweep by length (its start-up on a
+line of its own); `--cells-out` writes each left cell's projected seconds, which `longca run
+--time-left S --estimates FILE` reads to start only cells that fit in a device call. `--ci-target`,
 `--iters` and `--floor-calls` project the spec under a changed `repeat` instead (every cell is then
 left: a new digest); `--floor-calls K` lets calls under a second run past `budget_s` until K calls,
 a rule longca's timer does not have (docs/measurement.md, "What a tighter interval would cost");
@@ -167,7 +169,7 @@ def project_spec(
         return sum(per_draw) / len(per_draw) * cell.samples + float(first[5] or 0.0) + float(first[6] or 0.0)
 
     out: dict[str, list] = {}
-    guess: dict[str, list] = defaultdict(list)
+    guess: dict[tuple, list] = defaultdict(list)  # measured costs per draw by sweep, length, pass (and kernel)
     pending = []
     sweeps_left: set[str] = set()  # sweeps with a cell left: their start-up is left too
 
@@ -192,22 +194,55 @@ def project_spec(
             entry[5] += cost if left else 0.0
             if left and per_cell is not None:
                 per_cell[cell.digest] = cost
-            guess[(cell.sweep, cell.seqlen, cell.pass_)].append(cost)
+            guess[(cell.sweep, cell.seqlen, cell.pass_)].append(cost / cell.samples)
+            guess[(cell.sweep, cell.kernel, cell.seqlen, cell.pass_)].append(cost / cell.samples)
         else:
             entry[2] += 1
             pending.append(cell)
+    # A backward cell never measured whose forward cell was: its forward rows with each call scaled
+    # by the kernel's backward/forward call ratio at that length (the median over masks measured in
+    # both passes; 2.5, the FLOP ratio, where none was).
+    bwd_ratio: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for ident, rows in latest.items():
+        ok = [r[3] for r in rows if r[1] == "ok" and r[3]]
+        fwd = fwd_ms.get(ident.replace("/pass=bwd/", "/pass="))
+        if ok and fwd and "/pass=bwd/" in ident:
+            bwd_ratio[_kernel_length(ident)].append(median(ok) / fwd)
+
+    def from_forward(cell) -> float | None:
+        ident = cell.id.rsplit("@", 1)[0]
+        rows = latest.get(ident.replace(f"/pass={cell.pass_}/", "/pass=fwd/"))
+        if cell.pass_ != "bwd" or not rows or not any(r[1] == "ok" and r[2] for r in rows):
+            return None
+        ratio = median(bwd_ratio.get(_kernel_length(ident)) or [2.5])
+        scaled = [(*r[:2], [x * ratio for x in r[2]] if r[2] else r[2], (r[3] or 0.0) * ratio, *r[4:]) for r in rows]
+        return cell_cost(cell, scaled)
+
     for cell in pending:
-        similar = guess.get((cell.sweep, cell.seqlen, cell.pass_)) or [c for v in guess.values() for c in v]
-        out[key(cell)][3] += median(similar)
-        out[key(cell)][5] += median(similar)  # never measured: left under any digest
+        cost = from_forward(cell)
+        if cost is None:
+            similar = (
+                guess.get((cell.sweep, cell.kernel, cell.seqlen, cell.pass_))
+                or guess.get((cell.sweep, cell.seqlen, cell.pass_))
+                or [c for k, v in guess.items() if len(k) == 3 for c in v]
+            )
+            cost = median(similar) * cell.samples
+        out[key(cell)][3] += cost
+        out[key(cell)][5] += cost  # never measured: left under any digest
         if per_cell is not None:
-            per_cell[cell.digest] = median(similar)
+            per_cell[cell.digest] = cost
     # the start-up once per sweep (on its own line when lengths are apart), left while cells are
     for sweep in dict.fromkeys(cell.sweep for cell in cells):
         entry = out.setdefault(f"{sweep} start-up", [0, 0, 0, 0.0, 0, 0.0]) if by_length else out[sweep]
         entry[3] += fixed_s
         entry[5] += fixed_s if sweep in sweeps_left else 0.0
     return out
+
+
+def _kernel_length(ident: str) -> tuple[str, str]:
+    """(kernel, seqlen_q) of a cell id without its digest."""
+    parts = dict(p.split("=", 1) for p in ident.split("/") if "=" in p)
+    return parts.get("kernel", ""), parts.get("seqlen_q", "")
 
 
 def resampled_within(

@@ -102,8 +102,12 @@ def test_what_if_projects_a_changed_repeat_with_every_cell_left(tmp_path: Path) 
     # a changed repeat is a new digest for every cell: none is done
     assert with_cap[4] == with_floor[4] == len(dense)
     # 2 ms calls of three samples (too few for an interval) run to the spec's 0.5 s budget: 250 calls;
-    # a floor of 400 calls takes them past it, for the measured cell and every cell guessed from it
-    assert with_floor[3] - with_cap[3] == pytest.approx(150 * 2.0 / 1000.0 * cell.samples * len(dense))
+    # a floor of 400 calls takes them past it, for the measured cell and every draw of every cell
+    # guessed from it, but its own backward: 5 ms calls (2.5 times its forward's), 100 calls, 300 more
+    assert cell.pass_ == "fwd" and cell.samples == 1
+    twin = cell.id.rsplit("@", 1)[0].replace("/pass=fwd/", "/pass=bwd/")
+    extra = [(300 * 5.0 if c.id.rsplit("@", 1)[0] == twin else 150 * 2.0) / 1000.0 * c.samples for c in dense]
+    assert with_floor[3] - with_cap[3] == pytest.approx(sum(extra))
 
 
 def test_resampled_within_counts_rows_a_floor_would_bring_within_the_goal(tmp_path: Path) -> None:
@@ -200,3 +204,42 @@ def pa_concat(paths: list[Path]):
     import pyarrow.parquet as pq
 
     return pa.concat_tables([pq.read_table(p) for p in paths])
+
+
+def test_cells_never_measured_project_from_their_forward_rows_or_per_draw_medians(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    from longca.spec.cells import expand
+    from longca.spec.load import load_spec
+
+    spec = ROOT / "specs" / "default.yaml"
+    naive = {
+        (c.mask, c.pass_): c
+        for c in expand(load_spec(spec))
+        if c.sweep == "dense" and c.kernel == "naive" and c.seqlen == 256 and c.heads_kv == 4
+    }
+    x_fwd, x_bwd, y_fwd, y_bwd = (
+        naive[k] for k in [("full", "fwd"), ("full", "bwd"), ("causal", "fwd"), ("causal", "bwd")]
+    )
+    doc_fwd = naive[("causal_document", "fwd")]
+    assert doc_fwd.samples == 2 and x_fwd.samples == 1
+
+    def projected(*measured) -> dict[str, float]:
+        files = [_rows_of(tmp_path / f"r{i}.parquet", c.id, c, median_ms=ms) for i, (c, ms) in enumerate(measured)]
+        both = tmp_path / "rows.parquet"
+        pq.write_table(pa_concat(files), both)
+        per_cell: dict[str, float] = {}
+        sp.project_spec(str(spec), str(both), 0.0, 0.0, 10.0, per_cell=per_cell)
+        return per_cell
+
+    # per draw a warm-up call and three timed calls (the budget allows them all), and the 0.5 s check
+    def cost(cell, call_ms: float) -> float:
+        return cell.samples * 4 * call_ms / 1000.0 + 0.5
+
+    # the backward of a cell measured forward only: its forward calls times 2.5 (no mask in both passes)
+    assert projected((x_fwd, 2.0))[x_bwd.digest] == pytest.approx(cost(x_bwd, 5.0))
+    # with a mask measured in both passes (2 ms forward, 6 ms backward), that ratio: 3
+    per_cell = projected((x_fwd, 2.0), (y_fwd, 2.0), (y_bwd, 6.0))
+    assert per_cell[x_bwd.digest] == pytest.approx(cost(x_bwd, 6.0))
+    # a sampled mask never measured: its draws times the kernel's median per draw at that length and pass
+    assert per_cell[doc_fwd.digest] == pytest.approx(doc_fwd.samples * cost(x_fwd, 2.0))
