@@ -149,14 +149,24 @@ def test_compare_with_fail_on_is_a_ci_gate(tmp_path: Path):
 
 @pytest.mark.parametrize("cmd", [c for c, how in COMMANDS.items() if how == "run-cpu"])
 def test_run_commands_on_a_machine_without_the_gpu(cmd: str, tmp_path: Path, copy_workflow):
-    # The spec's cells are CUDA cells: here every selected one ends as an `unsupported` row that says
-    # why, without a GPU touched; --shard 0/2 is limited to one sweep to keep CI short.
+    # The spec names its GPU model (gpu_model: H200): as written, the command stops before any cell
+    # file, naming the field. Without that line its cells are CUDA cells: here every selected one
+    # ends as an `unsupported` row that says why, without a GPU touched; --shard 0/2 is limited to
+    # one sweep to keep CI short.
     work = _copy_repo_for_run(copy_workflow, tmp_path / "repo")
     argv = shlex.split(cmd)[1:]
     if "--shard" in argv:
         argv += ["--sweep", "shapes"]
     if "--retry" in argv:
         argv += ["--sweep", "long_fp8"]
+    proc = _longca(*argv, "--results", str(tmp_path / "results"), cwd=work)
+    assert proc.returncode == 2, (cmd, proc.stdout[-2000:], proc.stderr[-3000:])
+    assert "spec field 'gpu_model': 'H200': this machine has no CUDA GPU" in proc.stderr, proc.stderr[-3000:]
+    assert not list((tmp_path / "results").rglob("*.parquet"))
+    spec = work / "specs" / "h200.yaml"
+    text = spec.read_text()
+    assert text.count("\ngpu_model: H200") == 1
+    spec.write_text("\n".join(line for line in text.splitlines() if not line.startswith("gpu_model:")) + "\n")
     proc = _longca(*argv, "--results", str(tmp_path / "results"), cwd=work)
     assert proc.returncode == 0, (cmd, proc.stdout[-2000:], proc.stderr[-3000:])
     written = list((tmp_path / "results" / "h200").rglob("*.parquet"))

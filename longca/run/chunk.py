@@ -31,11 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from longca.run.cell import planned_unsupported
-from longca.run.gpu_lease import gpu_count, lease_gpus
+from longca.run.gpu_lease import gpu_count, gpu_names, lease_gpus
 from longca.run.rows import status_row, summarize
 from longca.run.time_left import TimeLeft
 from longca.spec.cells import Cell, expand
-from longca.spec.load import Spec
+from longca.spec.load import Spec, SpecError
 from longca.store.write import write_rows
 
 GRACE_S = 30.0  # start-up and compilation allowance on top of a cell's own limit
@@ -417,6 +417,24 @@ def run_cp_cells(cells: list[Cell], outputs: list[str], workdir: Path, launcher:
         start = first_open(idx)
 
 
+def check_gpu_model(spec: Spec, names: list[str]) -> None:
+    """Stop a run whose GPUs are not the model the spec's rows are for (`gpu_model`), before any cell
+    file is written: rows of another model, or `unsupported` rows of a machine without one, would
+    join the spec's set as if measured there, and a cell with a file is never run again."""
+    if spec.device != "cuda" or spec.gpu_model is None:
+        return
+    want = spec.gpu_model
+    if not names:
+        raise SpecError("gpu_model", f"{want!r}: this machine has no CUDA GPU; run this spec on a {want}")
+    other = sorted({n for n in names if want.lower() not in n.lower()})
+    if other:
+        raise SpecError(
+            "gpu_model",
+            f"{want!r} is not in this machine's GPU name(s) {other}: this spec's rows are for {want} "
+            f"(a set holds one GPU model); run it on a {want}, or copy the spec under another name and gpu_model",
+        )
+
+
 def run_chunk(
     spec: Spec,
     outputs: list[str],
@@ -428,6 +446,7 @@ def run_chunk(
     """Produce the cell files `outputs` of `spec` (its `cells`, when the caller expanded them already);
     with `time_left`, single-device cells that do not fit in it are left for a later run."""
     signal.signal(signal.SIGTERM, _on_term)
+    check_gpu_model(spec, gpu_names() if spec.gpu_model is not None else [])
     by_path = {os.path.normpath(c.output(results_dir)): c for c in (cells if cells is not None else expand(spec))}
     wanted = []
     for out in outputs:

@@ -42,6 +42,13 @@ def gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def gpu_names() -> list[str]:
+    """The usable GPUs' names as the driver gives them ("NVIDIA H200"), in order; [] without CUDA."""
+    import torch
+
+    return [torch.cuda.get_device_name(i) for i in range(gpu_count())]
+
+
 def visible_gpus() -> list[str]:
     """The usable GPUs as CUDA_VISIBLE_DEVICES names them (indices or UUIDs), in order."""
     count = gpu_count()

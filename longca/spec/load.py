@@ -95,6 +95,9 @@ class Spec:
     check: dict[str, Any]
     mask_samples: dict[str, int]
     sweeps: tuple[Sweep, ...]
+    # The GPU model every row is for (a substring of the device name, e.g. "H200"): a run on any
+    # other GPU stops before its first cell, so a published set never mixes models.
+    gpu_model: str | None = None
     source: str = ""  # the YAML text, for provenance
     path: str = ""
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -219,6 +222,7 @@ def _build(raw: dict, text: str, path: str) -> Spec:
         check=top["check"],
         mask_samples=top["mask_samples"],
         sweeps=tuple(sweeps),
+        gpu_model=top.get("gpu_model"),
         source=text,
         path=path,
         raw=raw,

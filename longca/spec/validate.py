@@ -42,6 +42,11 @@ def check_mask_params(name: str, params: dict[str, Any], where: str) -> None:
 
 def check_spec(spec: Spec) -> None:
     kernels = registry.load_all()
+    if spec.gpu_model is not None and spec.device != "cuda":
+        raise SpecError(
+            "gpu_model",
+            f"{spec.gpu_model!r} names a GPU model, but device is {spec.device!r}; allowed only with device: cuda",
+        )
     for j, k in enumerate(spec.check.get("agree_with", ())):
         if k not in kernels:
             raise SpecError(f"check.agree_with.{j}", f"unknown kernel {k!r}; allowed: {sorted(kernels)}")

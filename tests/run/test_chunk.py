@@ -110,3 +110,41 @@ def test_the_time_limit_bounds_one_draw_of_a_sampled_mask_not_the_whole_cell(tmp
     rows = pq.read_table(outputs[1]).to_pylist()
     assert [r["status"] for r in rows] == ["ok"] * 3, rows[0]["reason"]
     assert rows[0]["cell_wall_s"] > 3.0  # longer than the limit as a whole
+
+
+# `gpu_model`: a run on another GPU model, or on no GPU, stops before any cell file is written.
+
+CUDA_SPEC = SPEC.replace("device: cpu", "device: cuda\ngpu_model: H200").replace(
+    "kernels: [naive, test_raise, test_oom, test_hang, test_segfault]", "kernels: [naive]"
+)
+
+
+def test_a_run_on_another_gpu_model_stops_before_any_cell_file(tmp_path, monkeypatch):
+    import pytest
+
+    import longca.run.chunk as chunk
+    from longca.spec.load import SpecError
+
+    spec = load_spec(text=CUDA_SPEC)
+    outputs = [c.output(tmp_path / "results") for c in expand(spec)]
+    for names, words in [
+        (["NVIDIA H200", "NVIDIA H100 80GB HBM3"], ["'H200' is not in", "['NVIDIA H100 80GB HBM3']", "one GPU model"]),
+        ([], ["no CUDA GPU", "run this spec on a H200"]),
+    ]:
+        monkeypatch.setattr(chunk, "gpu_names", lambda names=names: names)
+        with pytest.raises(SpecError) as info:
+            run_chunk(spec, outputs, str(tmp_path / "results"))
+        assert info.value.field == "gpu_model"
+        for word in words:
+            assert word in str(info.value), str(info.value)
+    assert not (tmp_path / "results").exists()
+
+
+def test_the_gpu_model_check_takes_the_named_model_and_ignores_unnamed_specs():
+    from longca.run.chunk import check_gpu_model
+
+    spec = load_spec(text=CUDA_SPEC)
+    check_gpu_model(spec, ["NVIDIA H200", "NVIDIA H200 NVL"])  # a substring, any case
+    check_gpu_model(load_spec(text=CUDA_SPEC.replace("gpu_model: H200", "gpu_model: h200")), ["NVIDIA H200"])
+    check_gpu_model(load_spec(text=CUDA_SPEC.replace("device: cuda\ngpu_model: H200", "device: cpu")), [])
+    check_gpu_model(load_spec(text=CUDA_SPEC.replace("gpu_model: H200\n", "")), ["NVIDIA H100 80GB HBM3"])

@@ -38,6 +38,8 @@ def spec_with(**changes):
 def test_good_spec_loads():
     spec = load_spec(text=GOOD)
     assert spec.sweeps[0].seqlens == (256,)
+    assert spec.gpu_model is None
+    assert load_spec(text=spec_with(device="cuda", gpu_model="H200")).gpu_model == "H200"
     assert spec.sweeps[0].heads == ((4, 2),)
 
 
@@ -180,6 +182,8 @@ BAD = [
     (spec_with(sweeps=[{"name": "a"}, {"name": "a"}]), "sweeps.1.name", ["duplicate"]),
     (spec_with(sweeps=[{"name": "bad name!"}]), "sweeps.0.name", ["bad name!"]),
     (spec_with(check={"max_seqlen": 4}), "check.max_seqlen", ["16"]),
+    (spec_with(gpu_model="H200"), "gpu_model", ["'H200' names a GPU model", "device is 'cpu'", "device: cuda"]),
+    (spec_with(device="cuda", gpu_model=""), "gpu_model", ["should be non-empty"]),
     ("name: t\nsweeps: [\n  - {name: a", "(yaml)", ["not valid YAML", "line"]),
     ("- just\n- a list\n", "(top level)", ["mapping"]),
     ("name: t\nsweeps:\n  - name: a\n", "sweeps.0.kernels", ["missing", "kernels"]),
