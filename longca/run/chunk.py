@@ -425,13 +425,16 @@ def check_gpu_model(spec: Spec, names: list[str]) -> None:
         return
     want = spec.gpu_model
     if not names:
-        raise SpecError("gpu_model", f"{want!r}: this machine has no CUDA GPU; run this spec on a {want}")
+        raise SpecError(
+            "gpu_model", f"{want!r}: this machine has no CUDA GPU; run this spec on a machine with {want} GPUs"
+        )
     other = sorted({n for n in names if want.lower() not in n.lower()})
     if other:
         raise SpecError(
             "gpu_model",
             f"{want!r} is not in this machine's GPU name(s) {other}: this spec's rows are for {want} "
-            f"(a set holds one GPU model); run it on a {want}, or copy the spec under another name and gpu_model",
+            f"(a set holds one GPU model); run it on a machine with {want} GPUs, or copy the spec under "
+            "another name and gpu_model",
         )
 
 

@@ -129,7 +129,7 @@ def test_a_run_on_another_gpu_model_stops_before_any_cell_file(tmp_path, monkeyp
     outputs = [c.output(tmp_path / "results") for c in expand(spec)]
     for names, words in [
         (["NVIDIA H200", "NVIDIA H100 80GB HBM3"], ["'H200' is not in", "['NVIDIA H100 80GB HBM3']", "one GPU model"]),
-        ([], ["no CUDA GPU", "run this spec on a H200"]),
+        ([], ["no CUDA GPU", "run this spec on a machine with H200 GPUs"]),
     ]:
         monkeypatch.setattr(chunk, "gpu_names", lambda names=names: names)
         with pytest.raises(SpecError) as info:
