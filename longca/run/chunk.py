@@ -417,13 +417,15 @@ def run_cp_cells(cells: list[Cell], outputs: list[str], workdir: Path, launcher:
         start = first_open(idx)
 
 
-def check_gpu_model(spec: Spec, names: list[str]) -> None:
-    """Stop a run whose GPUs are not the model the spec's rows are for (`gpu_model`), before any cell
-    file is written: rows of another model, or `unsupported` rows of a machine without one, would
-    join the spec's set as if measured there, and a cell with a file is never run again."""
-    if spec.device != "cuda" or spec.gpu_model is None:
+def check_gpu_model(spec: Spec, names: list[str] | None = None) -> None:
+    """Stop a run whose GPUs (`names`, by default this process's) are not the model the spec's rows
+    are for (`gpu_model`, which the spec allows only with device: cuda), before any cell file is
+    written: rows of another model, or `unsupported` rows of a machine without one, would join the
+    spec's set as if measured there, and a cell with a file is never run again."""
+    if spec.gpu_model is None:
         return
     want = spec.gpu_model
+    names = gpu_names() if names is None else names
     if not names:
         raise SpecError(
             "gpu_model", f"{want!r}: this machine has no CUDA GPU; run this spec on a machine with {want} GPUs"
@@ -449,7 +451,7 @@ def run_chunk(
     """Produce the cell files `outputs` of `spec` (its `cells`, when the caller expanded them already);
     with `time_left`, single-device cells that do not fit in it are left for a later run."""
     signal.signal(signal.SIGTERM, _on_term)
-    check_gpu_model(spec, gpu_names() if spec.gpu_model is not None else [])
+    check_gpu_model(spec)
     by_path = {os.path.normpath(c.output(results_dir)): c for c in (cells if cells is not None else expand(spec))}
     wanted = []
     for out in outputs:
