@@ -46,7 +46,7 @@ from longca.measure.flops import attention_flops
 from longca.measure.reference import relative_error
 from longca.measure.timer import timer_for
 
-# As the CP sweeps balance these masks (specs/h200-cp.yaml, call 19's table); others zigzag.
+# As the CP sweeps of specs/h200-cp.yaml balance these masks; others zigzag.
 BALANCE = {
     "causal": "zigzag",
     "full": "contiguous",

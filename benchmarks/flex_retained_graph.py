@@ -3,7 +3,7 @@
 `repeat.backward: retained_graph` times every backward of a cell on one forward's graph; kernels
 declare whether that works (`Capabilities.retained_backward`). Flex declared False after the first
 H200 session, where its backward rows errored on one retained graph (cause not kept), until this
-check passed in call 32 (torch 2.11, gradients bitwise equal). Run it again on a new stack; it goes
+check passed on the H200 (torch 2.11, gradients bitwise equal). Run it again on a new stack; it goes
 through longca's own Flex adapter (compiled flex_attention, donated buffers off, BlockMask from
 the mask slices): for each mask, one forward, then `--repeats` backwards with `retain_graph=True`
 (gradients cleared before each, as the runner does), each compared with the gradients of a fresh

@@ -3,7 +3,7 @@
 Reports, per mask: slice build time, BlockMask build time (slices -> BlockMask, the part the
 paper's FlexAttention runs could not do; wall and process CPU time), peak traced memory of the build (tracemalloc: numpy
 and torch CPU allocations) and the process's peak RSS. Each mask runs in a fresh subprocess so
-peaks do not mix. Goal (issue 3): under 2 s and under 1 GB per mask.
+peaks do not mix. Goal: under 2 s and under 1 GB per mask.
 
     python benchmarks/masks_blockmask_512k.py [--seqlen 524288] [--block 128] [--out table.md]
 """

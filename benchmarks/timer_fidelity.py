@@ -46,7 +46,7 @@ from longca.measure.flops import attention_flops
 from longca.measure.timer import time_under, timer_for
 from longca.spec.load import parse_seqlen
 
-# the protocol of calls 1, 16 and 29: 5 warm-up and exactly 20 timed calls
+# the fixed protocol of the first published sets: 5 warm-up and exactly 20 timed calls
 FIXED = {"warmup": 5, "iters": 20, "min_iters": 20, "budget_s": 60.0, "l2_flush": True}
 
 

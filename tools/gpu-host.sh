@@ -13,6 +13,8 @@
 #    each only when present. With LONGCA_GPU_TESTS="tests/... -k ...", those tests run first
 #    (pytest, log in OUTDIR/gpu-tests.log). With LONGCA_GPU_BENCH="benchmarks/X.py ARGS", that script
 #    runs next with the same packages on its path ({out} in ARGS is OUTDIR; log in OUTDIR/bench.log).
+#    Before any bundle is unpacked, a spec that names its GPU (`gpu_model`) is checked against this
+#    machine's cards: another model ends the call (exit 4, OUTDIR/gpu-model.log, nothing measured).
 # 2. The spec's committed aggregate (results/<name>/all.parquet) is unpacked into cell files, so
 #    this call runs only the cells still missing.
 # 3. `longca run` measures them, one process per visible GPU (`--shard g/N`), stopped by SIGTERM
@@ -41,6 +43,21 @@ mkdir -p "$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR" "$TRITON_CACHE_DIR"
 #    (jsonschema). The bundles and caches unpack in the background; restoring the cells needs none.
 wheels=$(ls .whl/*.whl .whl-*/*.whl 2>/dev/null)  # .whl-linear/ (fla-core) travels only when needed
 [ -n "$wheels" ] && python3 -m pip install -q --no-index --no-deps --no-compile --target "$host_tmp/site" $wheels > "$logs/setup.log" 2>&1
+# A lent card of another model than the spec's `gpu_model` (an H100 for an H200) ends the call here,
+# before the bundles are unpacked: `longca run` would refuse it too, but only after the set-up.
+if ! PYTHONPATH=$PWD:$host_tmp/site python3 -c '
+import sys
+from longca.run.chunk import check_gpu_model
+from longca.spec.load import SpecError, load_spec
+try:
+    check_gpu_model(load_spec(sys.argv[1]))
+except SpecError as e:
+    sys.exit(str(e))' "$spec" > "$logs/gpu-model.log" 2>&1; then
+  echo "gpu-host: this machine's GPU is not the spec's; nothing was measured:" >&2
+  tail -n 3 "$logs/gpu-model.log" >&2
+  cp "$logs/gpu-model.log" "$out/gpu-model.log"
+  exit 4
+fi
 (
   for b in .bundles/*.tar.xz; do
     [ -f "$b" ] && mkdir -p "$host_tmp/bundles/$(basename "$b" .tar.xz)" && tar xJf "$b" -C "$host_tmp/bundles/$(basename "$b" .tar.xz)"

@@ -3,7 +3,8 @@ with --spec, a whole spec's device time under its own (adaptive) protocol.
 
 A projection, not a measurement (NOTES.md labels it so): each `ok` row's median call time is taken
 as measured; under a budget B and a call cap N a row makes min(N, max(min_iters, B / call)) timed
-calls. The overheads are parameters, set from the probes of calls 30-35: per row (warm-up, its
+calls. The overheads are parameters, set from the dense sweep's protocol probes on the H200
+(results/h200/probes/): per row (warm-up, its
 share of checks, row assembly), per timed call (the L2 flush), and fixed per sweep (compilation,
 float32 references, first calls).
 

@@ -30,8 +30,8 @@ class SpecError(ValueError):
 # Tolerances of dtypes added after the first sweeps. A cell's digest holds the whole `check` mapping,
 # so a new entry in DEFAULTS would have given every committed cell a new file; these join the
 # `check` of their own dtype's cells only (longca.spec.cells.expand), where the spec sets none.
-# fp8: Flex's e4m3 forward lands 3.1-3.9% from the reference on the same rounded inputs (H200, call
-# 59), most of it the e4m3 rounding of its output (2.5-3.0% alone); 8% is about twice that.
+# fp8: Flex's e4m3 forward lands 3.1-3.9% from the reference on the same rounded inputs (measured
+# on the H200), most of it the e4m3 rounding of its output (2.5-3.0% alone); 8% is about twice that.
 LATE_TOLERANCES = {"float8_e4m3fn": 8e-2}
 
 # Defaults of the whole spec; sweeps inherit top-level values and override them.

@@ -22,8 +22,10 @@ def _tree(tmp_path: Path, unreadable_aggregate: bool = True) -> Path:
     return work
 
 
-def _call(work: Path, out: Path, limit: int, *args: str, **env: str) -> subprocess.CompletedProcess:
-    """`gpu-host.sh OUT specs/default.yaml LIMIT ARGS` in `work`; host folders under `work`'s parent."""
+def _call(
+    work: Path, out: Path, limit: int, *args: str, spec: Path = ROOT / "specs" / "default.yaml", **env: str
+) -> subprocess.CompletedProcess:
+    """`gpu-host.sh OUT SPEC LIMIT ARGS` in `work`; host folders under `work`'s parent."""
     (work.parent / "host-tmp").mkdir(exist_ok=True)
     env = {
         **os.environ,
@@ -32,7 +34,7 @@ def _call(work: Path, out: Path, limit: int, *args: str, **env: str) -> subproce
         **env,
     }
     return subprocess.run(
-        ["bash", str(ROOT / "tools" / "gpu-host.sh"), str(out), str(ROOT / "specs" / "default.yaml"), str(limit), *args],
+        ["bash", str(ROOT / "tools" / "gpu-host.sh"), str(out), str(spec), str(limit), *args],
         cwd=work, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
 
@@ -45,6 +47,30 @@ def test_a_failed_unpack_stops_the_call_before_measuring(tmp_path: Path) -> None
     assert done.returncode == 3, done.stderr
     assert "unpacking results/default/all.parquet failed; nothing was measured" in done.stderr
     assert (out / "unpack.log").is_file()
+    assert not (work / "results" / "default" / "cells").exists()
+    assert not (out / "default.parquet").exists()
+
+
+def test_a_machine_without_the_specs_gpu_model_stops_the_call_before_set_up(tmp_path: Path) -> None:
+    # A lender may hand out another card than the spec's `gpu_model`; the call ends before it unpacks
+    # any bundle or restores any cell, says why, and returns the check's log (here: no GPU at all).
+    import tarfile
+
+    work, out = _tree(tmp_path, unreadable_aggregate=False), tmp_path / "out"
+    text = (ROOT / "specs" / "default.yaml").read_text()
+    spec = tmp_path / "default-cuda.yaml"
+    spec.write_text(text.replace("\ndevice: cpu\n", "\ndevice: cuda\ngpu_model: H200\n", 1))
+    (work / ".bundles").mkdir()
+    (tmp_path / "bundle").mkdir()
+    (tmp_path / "bundle" / "probe_bundle.py").write_text("NAME = 'bundle'\n")
+    with tarfile.open(work / ".bundles" / "probe.tar.xz", "w:xz") as tar:
+        tar.add(tmp_path / "bundle", arcname=".")
+    done = _call(work, out, 60, spec=spec)
+    assert done.returncode == 4, done.stderr
+    assert "this machine's GPU is not the spec's; nothing was measured" in done.stderr
+    assert "spec field 'gpu_model': 'H200': this machine has no CUDA GPU" in done.stderr
+    assert (out / "gpu-model.log").is_file()
+    assert not (tmp_path / "host-tmp" / "bundles").exists()
     assert not (work / "results" / "default" / "cells").exists()
     assert not (out / "default.parquet").exists()
 
