@@ -53,7 +53,7 @@ try:
     check_gpu_model(load_spec(sys.argv[1]))
 except SpecError as e:
     sys.exit(str(e))' "$spec" > "$logs/gpu-model.log" 2>&1; then
-  echo "gpu-host: this machine's GPU is not the spec's; nothing was measured:" >&2
+  echo "gpu-host: the spec failed its check against this machine's GPUs (gpu_model); nothing was measured:" >&2
   tail -n 3 "$logs/gpu-model.log" >&2
   cp "$logs/gpu-model.log" "$out/gpu-model.log"
   exit 4

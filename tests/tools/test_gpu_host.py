@@ -67,7 +67,7 @@ def test_a_machine_without_the_specs_gpu_model_stops_the_call_before_set_up(tmp_
         tar.add(tmp_path / "bundle", arcname=".")
     done = _call(work, out, 60, spec=spec)
     assert done.returncode == 4, done.stderr
-    assert "this machine's GPU is not the spec's; nothing was measured" in done.stderr
+    assert "failed its check against this machine's GPUs (gpu_model); nothing was measured" in done.stderr
     assert "spec field 'gpu_model': 'H200': this machine has no CUDA GPU" in done.stderr
     assert (out / "gpu-model.log").is_file()
     assert not (tmp_path / "host-tmp" / "bundles").exists()
