@@ -45,14 +45,7 @@ wheels=$(ls .whl/*.whl .whl-*/*.whl 2>/dev/null)  # .whl-linear/ (fla-core) trav
 [ -n "$wheels" ] && python3 -m pip install -q --no-index --no-deps --no-compile --target "$host_tmp/site" $wheels > "$logs/setup.log" 2>&1
 # A lent card of another model than the spec's `gpu_model` (an H100 for an H200) ends the call here,
 # before the bundles are unpacked: `longca run` would refuse it too, but only after the set-up.
-if ! PYTHONPATH=$PWD:$host_tmp/site python3 -c '
-import sys
-from longca.run.chunk import check_gpu_model
-from longca.spec.load import SpecError, load_spec
-try:
-    check_gpu_model(load_spec(sys.argv[1]))
-except SpecError as e:
-    sys.exit(str(e))' "$spec" > "$logs/gpu-model.log" 2>&1; then
+if ! PYTHONPATH=$PWD:$host_tmp/site python3 -m longca.cli validate --gpu "$spec" > "$logs/gpu-model.log" 2>&1; then
   echo "gpu-host: the spec failed its check against this machine's GPUs (gpu_model); nothing was measured:" >&2
   tail -n 3 "$logs/gpu-model.log" >&2
   cp "$logs/gpu-model.log" "$out/gpu-model.log"
