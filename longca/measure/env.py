@@ -1,6 +1,7 @@
 """Environment provenance: a chosen list of facts, never the process environment.
 
-Rows are public: only the facts named here are recorded (GPU, driver, versions, host, commit).
+Rows are public: only the facts named here are recorded (GPU, driver, versions, host and its CPU
+model, commit).
 """
 
 from __future__ import annotations
@@ -80,6 +81,18 @@ def _driver() -> str | None:
         return None
 
 
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    """The host's CPU model: Linux's /proc/cpuinfo `model name`, else what `platform` knows."""
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and value.strip():
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
 @functools.cache
 def environment(device_type: str) -> dict[str, Any]:
     """Row columns describing where a number was measured."""
@@ -88,6 +101,7 @@ def environment(device_type: str) -> dict[str, Any]:
         "torch": torch.__version__,
         "triton": _version("triton"),
         "host": socket.gethostname(),
+        "host_cpu": cpu_model(),
         "git_commit": git_commit(),
         "longca_version": _version("longca"),
         "packages": json.dumps({p: v for p in PACKAGES if (v := _version(p))}, sort_keys=True),

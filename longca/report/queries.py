@@ -1017,6 +1017,7 @@ ENV_FACTS = (
     "triton",
     "packages",
     "host",
+    "host_cpu",
     "git_commit",
     "longca_version",
 )

@@ -15,9 +15,9 @@ import pyarrow as pa
 from longca.vocab import Status
 
 SCHEMA_VERSION = (
-    7  # 2: phase times check_s, timer_wall_s, warmup_s; 3: cooldown_s; 4: ci_*; 5: clock_window_*, graph_*;
+    8  # 2: phase times check_s, timer_wall_s, warmup_s; 3: cooldown_s; 4: ci_*; 5: clock_window_*, graph_*;
 )
-# 6: agree_* (full-length agreement); 7: agree_rel_diff_dq/dk/dv (its gradients)
+# 6: agree_* (full-length agreement); 7: agree_rel_diff_dq/dk/dv (its gradients); 8: host_cpu
 
 STATUSES = tuple(s.value for s in Status)
 
@@ -206,6 +206,11 @@ _FIELDS: list[tuple[str, pa.DataType, str]] = [
     ("triton", pa.string(), ""),
     ("packages", pa.string(), "JSON of relevant package versions"),
     ("host", pa.string(), "host name"),
+    (
+        "host_cpu",
+        pa.string(),
+        "the host's CPU model: short calls are mostly its work per call, so their eager times move with it (since v8)",
+    ),
     ("git_commit", pa.string(), ""),
     ("longca_version", pa.string(), ""),
     ("clock_start_mhz", pa.int32(), "SM clock at cell start"),

@@ -19,6 +19,7 @@ NEW_IN_4 = ("ci_low_ms", "ci_high_ms", "ci_target", "ci_met")
 NEW_IN_5 = ("clock_window_mhz", "clock_window_min_mhz", "throttle_window", "graph_median_ms", "graph_reason")
 NEW_IN_6 = ("agree_kernel", "agree_rel_diff", "agree_reason")
 NEW_IN_7 = ("agree_rel_diff_dq", "agree_rel_diff_dk", "agree_rel_diff_dv")
+NEW_IN_8 = ("host_cpu",)
 ADDED = {
     2: NEW_IN_2,
     3: NEW_IN_3,
@@ -26,6 +27,7 @@ ADDED = {
     5: NEW_IN_5,
     6: NEW_IN_6,
     7: NEW_IN_7,
+    8: NEW_IN_8,
 }  # columns each schema version added
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,8 +46,8 @@ def _write_old(path: Path, rows: list[dict], version: int) -> None:
 
 @pytest.fixture
 def mixed(tmp_path: Path) -> list[str]:
-    v1, v2, v3, v4, v5, v6, new = (
-        tmp_path / "cells" / f"{n}.parquet" for n in ("v1", "v2", "v3", "v4", "v5", "v6", "new")
+    v1, v2, v3, v4, v5, v6, v7, new = (
+        tmp_path / "cells" / f"{n}.parquet" for n in ("v1", "v2", "v3", "v4", "v5", "v6", "v7", "new")
     )
     _write_old(v1, [store_row("a")], 1)
     _write_old(v2, [store_row("c", check_s=0.5, timer_wall_s=1.0, warmup_s=0.25)], 2)
@@ -57,6 +59,7 @@ def mixed(tmp_path: Path) -> list[str]:
         5,
     )
     _write_old(v6, [store_row("g", ci_low_ms=0.8, agree_kernel="cudnn_flex", agree_rel_diff=0.002)], 6)
+    _write_old(v7, [store_row("h", agree_kernel="fa4", agree_rel_diff_dq=0.001)], 7)
     write_rows(
         new,
         [
@@ -81,10 +84,11 @@ def mixed(tmp_path: Path) -> list[str]:
                 agree_rel_diff_dk=0.006,
                 agree_rel_diff_dv=0.003,
                 agree_reason=None,
+                host_cpu="Some CPU @ 2.00GHz",
             )
         ],
     )
-    return [str(v1), str(v2), str(v3), str(v4), str(v5), str(v6), str(new)]
+    return [str(v1), str(v2), str(v3), str(v4), str(v5), str(v6), str(v7), str(new)]
 
 
 def _by_cell(table: pa.Table) -> dict[str, dict]:
@@ -94,10 +98,12 @@ def _by_cell(table: pa.Table) -> dict[str, dict]:
 def test_aggregating_old_and_new_files_keeps_both(mixed: list[str], tmp_path: Path, union) -> None:
     assert all(damage(f) is None for f in mixed)  # an old file is sound, not damaged
     out = tmp_path / "all.parquet"
-    assert union(mixed, out) == 7
+    assert union(mixed, out) == 8
     rows = _by_cell(pq.read_table(out))
-    assert [rows[c]["schema_version"] for c in "acdefgb"] == [1, 2, 3, 4, 5, 6, SCHEMA_VERSION]
-    assert SCHEMA_VERSION == 7
+    assert [rows[c]["schema_version"] for c in "acdefghb"] == [1, 2, 3, 4, 5, 6, 7, SCHEMA_VERSION]
+    assert SCHEMA_VERSION == 8
+    assert [rows[c]["host_cpu"] for c in "acdefghb"] == [None] * 7 + ["Some CPU @ 2.00GHz"]
+    assert (rows["h"]["agree_rel_diff_dq"], rows["h"]["agree_rel_diff"]) == (0.001, None)
     cols = NEW_IN_2 + NEW_IN_3 + NEW_IN_4 + NEW_IN_5 + NEW_IN_6 + NEW_IN_7
     assert [rows["a"][c] for c in cols] == [None] * 19
     assert [rows["c"][c] for c in cols] == [0.5, 1.0, 0.25] + [None] * 16
@@ -134,7 +140,7 @@ def test_aggregating_old_and_new_files_keeps_both(mixed: list[str], tmp_path: Pa
 def test_unpacking_a_mixed_aggregate_keeps_each_rows_version(mixed: list[str], tmp_path: Path) -> None:
     out = tmp_path / "all.parquet"
     aggregate(mixed, out)
-    assert unpack(out, tmp_path / "results") == (7, 0)
+    assert unpack(out, tmp_path / "results") == (8, 0)
     table, _ = read_rows([tmp_path / "results"])
     rows = _by_cell(table)
     assert (rows["a"]["schema_version"], rows["a"]["check_s"]) == (1, None)
@@ -147,14 +153,19 @@ def test_unpacking_a_mixed_aggregate_keeps_each_rows_version(mixed: list[str], t
         "cudnn_flex",
         None,
     )
-    assert (rows["b"]["schema_version"], rows["b"]["agree_kernel"], rows["b"]["agree_rel_diff_dq"]) == (7, "fa4", 0.005)
+    assert (rows["h"]["schema_version"], rows["h"]["agree_rel_diff_dq"], rows["h"]["host_cpu"]) == (7, 0.001, None)
+    assert (rows["b"]["schema_version"], rows["b"]["agree_kernel"], rows["b"]["host_cpu"]) == (
+        8,
+        "fa4",
+        "Some CPU @ 2.00GHz",
+    )
 
 
 def test_report_loader_reads_old_and_new_files_together(mixed: list[str]) -> None:
     table, df = read_rows(mixed)
     assert table.schema == SCHEMA
-    assert df.sort("cell_id").get_column("timer_wall_s").to_list() == [None, 0.5, 1.0, 1.0, None, None, None]
-    assert df.sort("cell_id").get_column("cooldown_s").to_list() == [None, 2.0, None, 1.0, 1.0, None, None]
+    assert df.sort("cell_id").get_column("timer_wall_s").to_list() == [None, 0.5, 1.0, 1.0, None, None, None, None]
+    assert df.sort("cell_id").get_column("cooldown_s").to_list() == [None, 2.0, None, 1.0, 1.0, None, None, None]
 
 
 def test_committed_results_of_older_schemas_still_read(tmp_path: Path) -> None:
