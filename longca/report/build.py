@@ -160,7 +160,7 @@ def _choose_page(
     c: pl.DataFrame, ceiling: pl.DataFrame | None, kernels: list[str], moves: leases.BetweenRuns | None
 ) -> Page:
     page = Page("index.html", "Choose", "Which kernel for my shape?")
-    best = queries.choose(c, ceiling, moves.p95 if moves else 0.0)
+    best = queries.choose(c, ceiling, moves.p95_at(pl.col("median_ms")) if moves else 0.0)
     page.p(
         "Pick the attention shape you train with; every mask and length then shows the fastest kernel "
         "measured there. Further pages: every kernel per mask (Masks), block-sparse (Sparse), context "
@@ -176,9 +176,10 @@ def _choose_page(
     else:
         page.p(
             f"A margin marked ~ lies inside the two kernels' 95% intervals, widened, where the two ran in "
-            f"different runs, by the move measured between runs of the same cells: {moves.sentence()}. "
+            f"different runs, by the move measured between runs of the same cells at the runner-up's time "
+            f"scale: {moves.sentence()}. "
             f"Every tooltip gives a cell's 95% interval of its own run (tflops_ci_low, tflops_ci_high) and its "
-            f"re-run interval (tflops_rerun_low, tflops_rerun_high): the first widened to a {moves.p95:.1%} move, "
+            f"re-run interval (tflops_rerun_low, tflops_rerun_high): the first widened to its time scale's move, "
             f"where a re-run on another machine lease should land.",
             "note",
         )
@@ -935,7 +936,7 @@ def build_report(
         moves = leases.between_runs(rows, earlier)
     if moves is not None:  # every drawn cell's re-run interval beside its own (tooltips)
         low, high = leases.rerun_interval(
-            moves.p95, pl.col("tflops"), pl.col("tflops_ci_low"), pl.col("tflops_ci_high"), rate=True
+            moves.p95_at(pl.col("median_ms")), pl.col("tflops"), pl.col("tflops_ci_low"), pl.col("tflops_ci_high")
         )
         c = c.with_columns(low.alias("tflops_rerun_low"), high.alias("tflops_rerun_high"))
     choose = _choose_page(c, ceiling, kernels, moves)

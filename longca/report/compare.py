@@ -35,7 +35,8 @@ median clock ratio, so a shift of the whole set is told apart from a change of t
 With earlier runs of some of the base's cells (`reruns`: e.g. results/h200/reruns.parquet), the
 move between runs is measured as the report measures it (`longca.report.leases`), and
 `inside_rerun_interval` says whether the new median falls inside the base row's re-run interval
-(its 95% interval widened to the 95th percentile of those moves). Rows of the new set must not be
+(its 95% interval widened to the 95th percentile of the moves of its time scale, `rerun_scale`;
+the summary counts them per scale). Rows of the new set must not be
 among `reruns`: the check is then a prediction made before the re-run, and can fail.
 """
 
@@ -54,7 +55,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from longca.report.assets import CSS
-from longca.report.leases import BetweenRuns, between_runs, rerun_interval
+from longca.report.leases import MIN_PAIRS, BetweenRuns, between_runs, rerun_interval
 from longca.report.load import read_tables
 from longca.report.queries import supersede
 from longca.report.repro import repro_command
@@ -193,7 +194,8 @@ def compare(
     joined = a.join(b, on=keys, how="full", nulls_equal=True, suffix="_new", coalesce=True)
     moves = _moves(base, base_rows, reruns) if reruns else None
     if moves is not None:
-        low, high = rerun_interval(moves.p95, pl.col("median_ms"), pl.col("ci_low_ms"), pl.col("ci_high_ms"))
+        p95 = moves.p95_at(pl.col("median_ms"))
+        low, high = rerun_interval(p95, pl.col("median_ms"), pl.col("ci_low_ms"), pl.col("ci_high_ms"))
         joined = joined.with_columns(low.alias("rerun_low_ms"), high.alias("rerun_high_ms"))
     if joined.height and a.join(b, on=keys, how="inner", nulls_equal=True).height == 0:
         raise ValueError(
@@ -244,6 +246,8 @@ def compare(
                 rec["inside_base_ci"] = bool(ci_lo <= med_new <= ci_hi)
                 if moves is not None:
                     rec["inside_rerun_interval"] = bool(row["rerun_low_ms"] <= med_new <= row["rerun_high_ms"])
+                    scale = moves.scale_of(row["median_ms"])
+                    rec["rerun_scale"] = scale.label() if scale else "no pairs at its scale"
             clk, clk_new = row.get("clock_window_mhz"), row.get("clock_window_mhz_new")
             if clk and clk_new:
                 rec["clock_ratio"] = clk / clk_new
@@ -259,11 +263,34 @@ def compare(
     )
     summary = _summary(records, threshold, base, new)
     if moves is not None:
+        judged = [r for r in records if "inside_rerun_interval" in r]
         summary.update(
             rerun_p95=moves.p95,
             rerun_pairs=moves.pairs,
-            inside_rerun_interval=sum(1 for r in records if r.get("inside_rerun_interval")),
+            inside_rerun_interval=sum(1 for r in judged if r["inside_rerun_interval"]),
+            # per time scale of the base's median: the move it was widened by, and how many landed inside
+            rerun_scales=[
+                dict(
+                    scale=s.label(),
+                    p95=s.used,
+                    pairs=s.pairs,
+                    inside=sum(1 for r in judged if r["rerun_scale"] == s.label() and r["inside_rerun_interval"]),
+                    of=sum(1 for r in judged if r["rerun_scale"] == s.label()),
+                )
+                for s in moves.scales
+            ],
         )
+        unmeasured = [r for r in judged if r["rerun_scale"] == "no pairs at its scale"]
+        if unmeasured:  # widened by the widest measured scale's move
+            summary["rerun_scales"].append(
+                dict(
+                    scale="no pairs at its scale",
+                    p95=moves.widest,
+                    pairs=0,
+                    inside=sum(1 for r in unmeasured if r["inside_rerun_interval"]),
+                    of=len(unmeasured),
+                )
+            )
     return Comparison(records, summary, _environment(a, b))
 
 
@@ -353,10 +380,17 @@ def summary_text(c: Comparison) -> str:
     if "rerun_p95" in s and s["with_base_ci"]:
         inside = s["inside_rerun_interval"]
         lines.append(
-            f"new medians inside the base's re-run interval (its 95% interval widened to the "
-            f"{s['rerun_p95']:.1%} move between runs, 95th percentile of {s['rerun_pairs']} pairs): "
+            f"new medians inside the base's re-run interval (its 95% interval widened to the move between "
+            f"runs of its time scale, 95th percentile of {s['rerun_pairs']} pairs): "
             f"{inside} of {s['with_base_ci']} ({inside / s['with_base_ci']:.0%})"
         )
+        for sc in s["rerun_scales"]:
+            share = f" ({sc['inside'] / sc['of']:.0%})" if sc["of"] else ""
+            lines.append(
+                f"  {sc['scale']}: widened by {sc['p95']:.1%} ({sc['pairs']} pairs"
+                f"{'' if sc['pairs'] >= MIN_PAIRS else ': too few, the widest move'}): "
+                f"{sc['inside']} of {sc['of']}{share}"
+            )
     if s["with_clocks"]:
         lines.append(
             f"median time ratio new/base {s['median_ratio']:.3f}; the in-window SM clocks alone predict "

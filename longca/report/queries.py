@@ -353,14 +353,14 @@ def _same_run() -> pl.Expr:
 CHOOSE_KEYS = ("mask_label", "seqlen_q", "heads", "head_dim", "dtype", "pass", "machine")
 
 
-def choose(c: pl.DataFrame, ceilings: pl.DataFrame | None = None, between_runs: float = 0.0) -> pl.DataFrame:
+def choose(c: pl.DataFrame, ceilings: pl.DataFrame | None = None, between_runs: float | pl.Expr = 0.0) -> pl.DataFrame:
     """Per mask (with its variant where a mask has several), length, heads, head dim, dtype, pass and
     machine: the fastest ok single-device softmax kernel, its TFLOP/s, the runner-up and the margin.
 
     `lead_clear`: the two kernels' 95% intervals do not overlap; where the two were measured in
-    different runs, not even with the runner-up's upper end raised by `between_runs` (the relative
-    move of one cell's median between runs, longca.report.leases), because each interval holds for
-    its own run only.
+    different runs, not even with the runner-up's upper end raised by `between_runs` (how far one
+    cell's median moves between runs, longca.report.leases: a number, or an expression on the
+    runner-up's row such as `BetweenRuns.p95_at`), because each interval holds for its own run only.
 
     The best kernel's own row fields stay (spec, sweep, cell id, commit: its repro command).
     `ceilings` (device_name, dtype, matmul_tflops): adds `pct_matmul`, the best TFLOP/s as a share
@@ -386,6 +386,7 @@ def choose(c: pl.DataFrame, ceilings: pl.DataFrame | None = None, between_runs: 
         runner_up_tflops=pl.col("tflops"),
         runner_up_tflops_ci_high=pl.col("tflops_ci_high"),
         runner_up_run_ids=pl.col("run_ids"),
+        runner_up_move=between_runs if isinstance(between_runs, pl.Expr) else pl.lit(float(between_runs)),
     )
     best = (
         ranked.filter(pl.col("rank") == 1)
@@ -397,9 +398,9 @@ def choose(c: pl.DataFrame, ceilings: pl.DataFrame | None = None, between_runs: 
             # between-runs move more where the two come from different runs
             lead_clear=pl.col("tflops_ci_low")
             > pl.col("runner_up_tflops_ci_high")
-            * pl.when(_same_run()).then(pl.lit(1.0)).otherwise(pl.lit(1.0 + between_runs)),
+            * pl.when(_same_run()).then(pl.lit(1.0)).otherwise(1.0 + pl.col("runner_up_move")),
         )
-        .drop("rank")
+        .drop("rank", "runner_up_move")
     )
     if ceilings is not None and ceilings.height:
         best = best.join(

@@ -303,10 +303,11 @@ def test_a_rerun_is_judged_against_the_rerun_interval_measured_before_it(tmp_pat
     outside = [r["cell_id"] for r in result.records if r.get("inside_rerun_interval") is False]
     assert outside == [rows[2]["cell_id"]]
     assert main(["compare", str(base), str(tmp_path / "new.parquet"), "--reruns", str(reruns)]) == 0
-    assert (
-        "re-run interval (its 95% interval widened to the 3.5% move between runs, 95th percentile of 8 pairs): "
-        "7 of 8 (88%)" in capsys.readouterr().out
-    )
+    assert s["rerun_scales"] == [dict(scale="1-10 ms", p95=pytest.approx(0.035), pairs=8, inside=7, of=8)]
+    out = capsys.readouterr().out
+    assert "re-run interval (its 95% interval widened to the move between runs of its time scale, " in out
+    assert "95th percentile of 8 pairs): 7 of 8 (88%)\n" in out
+    assert "  1-10 ms: widened by 3.5% (8 pairs: too few, the widest move): 7 of 8 (88%)" in out
     # earlier runs of other cells say nothing about these: an error naming the option, not a count
     strangers = _write(tmp_path, "strangers", [dict(r, cell_digest="other" + r["cell_digest"]) for r in earlier])
     with pytest.raises(ValueError, match="--reruns .*strangers.parquet: no cell of .* is there from another run"):
