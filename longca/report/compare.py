@@ -55,7 +55,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from longca.report.assets import CSS
-from longca.report.leases import MIN_PAIRS, BetweenRuns, between_runs, rerun_interval
+from longca.report.leases import MIN_PAIRS, BetweenRuns, ScaleMoves, between_runs, rerun_interval
 from longca.report.load import read_tables
 from longca.report.queries import supersede
 from longca.report.repro import repro_command
@@ -246,8 +246,7 @@ def compare(
                 rec["inside_base_ci"] = bool(ci_lo <= med_new <= ci_hi)
                 if moves is not None:
                     rec["inside_rerun_interval"] = bool(row["rerun_low_ms"] <= med_new <= row["rerun_high_ms"])
-                    scale = moves.scale_of(row["median_ms"])
-                    rec["rerun_scale"] = scale.label() if scale else "no pairs at its scale"
+                    rec["rerun_scale"] = _scale_label(moves.scale_of(row["median_ms"]))
             clk, clk_new = row.get("clock_window_mhz"), row.get("clock_window_mhz_new")
             if clk and clk_new:
                 rec["clock_ratio"] = clk / clk_new
@@ -269,29 +268,24 @@ def compare(
             rerun_pairs=moves.pairs,
             inside_rerun_interval=sum(1 for r in judged if r["inside_rerun_interval"]),
             # per time scale of the base's median: the move it was widened by, and how many landed inside
+            # (rows at a scale without pairs last, where there are any)
             rerun_scales=[
                 dict(
-                    scale=s.label(),
-                    p95=s.used,
-                    pairs=s.pairs,
-                    inside=sum(1 for r in judged if r["rerun_scale"] == s.label() and r["inside_rerun_interval"]),
-                    of=sum(1 for r in judged if r["rerun_scale"] == s.label()),
+                    scale=_scale_label(s),
+                    p95=moves.used(s),
+                    pairs=s.pairs if s else 0,
+                    inside=sum(1 for r in here if r["inside_rerun_interval"]),
+                    of=len(here),
                 )
-                for s in moves.scales
+                for s in (*moves.scales, None)
+                if (here := [r for r in judged if r["rerun_scale"] == _scale_label(s)]) or s is not None
             ],
         )
-        unmeasured = [r for r in judged if r["rerun_scale"] == "no pairs at its scale"]
-        if unmeasured:  # widened by the widest measured scale's move
-            summary["rerun_scales"].append(
-                dict(
-                    scale="no pairs at its scale",
-                    p95=moves.widest,
-                    pairs=0,
-                    inside=sum(1 for r in unmeasured if r["inside_rerun_interval"]),
-                    of=len(unmeasured),
-                )
-            )
     return Comparison(records, summary, _environment(a, b))
+
+
+def _scale_label(scale: ScaleMoves | None) -> str:
+    return scale.label() if scale is not None else "no pairs at its scale"
 
 
 def _moves(base: str | Path, base_rows: pl.DataFrame, reruns: Sequence[str | Path]) -> BetweenRuns:

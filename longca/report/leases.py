@@ -42,15 +42,13 @@ MIN_PAIRS = 20
 
 @dataclass(frozen=True)
 class ScaleMoves:
-    """The moves of the pairs whose shorter median lies in [low_ms, high_ms), and the move its rows
-    are widened by (`used`: its p95 from MIN_PAIRS pairs on, else the widest of every scale)."""
+    """The moves of the pairs whose shorter median lies in [low_ms, high_ms)."""
 
     low_ms: float
     high_ms: float
     pairs: int
     median: float
     p95: float
-    used: float
 
     def label(self) -> str:
         if self.low_ms == 0:
@@ -76,12 +74,16 @@ class BetweenRuns:
     def widest(self) -> float:
         return max((s.p95 for s in self.scales), default=self.p95)
 
+    def used(self, scale: ScaleMoves | None) -> float:
+        """The move a scale's rows are widened by: its p95 from MIN_PAIRS pairs on, else (fewer
+        pairs, or none: `scale` None) the widest measured move (no narrower claim than the data allow)."""
+        return scale.p95 if scale is not None and scale.pairs >= MIN_PAIRS else self.widest
+
     def p95_at(self, median_ms: pl.Expr) -> pl.Expr:
-        """Per row, the move its time scale's rows are widened by (`ScaleMoves.used`); a scale
-        without pairs takes the widest measured move (no narrower claim than the data allow)."""
-        out: pl.Expr = pl.lit(self.widest)
+        """Per row, the move its time scale's rows are widened by (`used`)."""
+        out: pl.Expr = pl.lit(self.used(None))
         for s in reversed(self.scales):
-            out = pl.when((median_ms >= s.low_ms) & (median_ms < s.high_ms)).then(pl.lit(s.used)).otherwise(out)
+            out = pl.when((median_ms >= s.low_ms) & (median_ms < s.high_ms)).then(pl.lit(self.used(s))).otherwise(out)
         return out
 
     def scale_of(self, median_ms: float) -> ScaleMoves | None:
@@ -146,18 +148,7 @@ def between_runs(*frames: pl.DataFrame) -> BetweenRuns | None:
         ds = pairs.filter((pl.col("shorter") >= low) & (pl.col("shorter") < high)).get_column("d").to_list()
         if ds:
             found.append((low, high, ds))
-    widest = max(float(_p95(ds)) for *_, ds in found)
-    scales = [
-        ScaleMoves(
-            low,
-            high,
-            len(ds),
-            float(pl.Series(ds).median()),
-            float(_p95(ds)),
-            used=float(_p95(ds)) if len(ds) >= MIN_PAIRS else widest,
-        )
-        for low, high, ds in found
-    ]
+    scales = [ScaleMoves(low, high, len(ds), float(pl.Series(ds).median()), float(_p95(ds))) for low, high, ds in found]
     return BetweenRuns(
         pairs=len(d),
         cells=pairs.select(pl.col("cell_digest").n_unique()).item(),

@@ -53,9 +53,9 @@ def test_each_row_is_widened_by_the_moves_of_its_own_time_scale() -> None:
     moves = leases.between_runs(_rows("r1", first), _rows("r2", second))
     assert [(s.label(), s.pairs) for s in moves.scales] == [("under 1 ms", n), ("1-10 ms", 1), ("from 10 ms", n)]
     fast, mid, slow = moves.scales
-    assert (fast.p95, fast.used) == (pytest.approx(1.25), pytest.approx(1.25))
-    assert (mid.p95, mid.used) == (pytest.approx(0.02), pytest.approx(1.25))  # too few: the widest move
-    assert (slow.p95, slow.used) == (pytest.approx(0.01), pytest.approx(0.01))
+    assert (fast.p95, moves.used(fast)) == (pytest.approx(1.25), pytest.approx(1.25))
+    assert (mid.p95, moves.used(mid)) == (pytest.approx(0.02), pytest.approx(1.25))  # too few: the widest move
+    assert (slow.p95, moves.used(slow)) == (pytest.approx(0.01), pytest.approx(0.01))
     assert moves.scale_of(0.9) == fast and moves.scale_of(5.0) == mid and moves.scale_of(60.0) == slow
     rows = pl.DataFrame({"m": [0.5, 5.0, 60.0]})
     got = rows.select(moves.p95_at(pl.col("m"))).to_series().to_list()
