@@ -74,11 +74,31 @@ def _union_arrow(files: list[str]):
         return SCHEMA.empty_table()
     # ParquetFile.read, not pq.read_table: the latter builds a dataset per file (twice the time)
     with ThreadPoolExecutor(max_workers=_IO_THREADS) as pool:  # reads release the GIL
-        tables = list(pool.map(lambda f: pq.ParquetFile(f).read(), files))
+        tables = list(pool.map(lambda f: _schema_zones(pq.ParquetFile(f).read()), files))
     table = pa.concat_tables(tables, promote_options="permissive")
     if set(table.column_names) <= set(SCHEMA.names):  # the schema's column order and types, as Polars gives
         table = conform(table)
     return table.sort_by([(c, "ascending") for c in _ORDER if c in table.column_names])
+
+
+def _schema_zones(table):
+    """`table` with each timestamp column of the schema's in the schema's time zone: a file written
+    by another tool (DuckDB writes `Etc/UTC` for `UTC`) holds the same instants under another name,
+    which neither Polars nor pyarrow unions with the schema's."""
+    import pyarrow as pa
+
+    from longca.store.schema import SCHEMA
+
+    for i, field in enumerate(table.schema):
+        want = SCHEMA.field(field.name).type if field.name in SCHEMA.names else None
+        if (
+            want is not None
+            and pa.types.is_timestamp(field.type)
+            and pa.types.is_timestamp(want)
+            and field.type != want
+        ):
+            table = table.set_column(i, field.name, table.column(i).cast(want))
+    return table
 
 
 def keep_rows_outside(new_file: str | Path, old_file: str | Path) -> int:

@@ -1,6 +1,6 @@
 """longca.store.aggregate: the union of cell files, by Polars or, where it cannot, pyarrow alone."""
 
-from datetime import UTC
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -79,6 +79,22 @@ def test_without_polars_pyarrow_writes_the_same_table(shuffled: list[str], tmp_p
     monkeypatch.setitem(sys.modules, "polars", None)  # `import polars` now raises ImportError
     aggregate(list(reversed(shuffled)), tmp_path / "without.parquet")
     assert pq.read_table(tmp_path / "with.parquet").equals(pq.read_table(tmp_path / "without.parquet"))
+
+
+def test_timestamps_in_another_name_of_the_zone_union_with_the_schemas(shuffled: list[str], tmp_path: Path) -> None:
+    """A table DuckDB wrote (`timestamp` in `Etc/UTC`, the schema's is `UTC`) unions with cell files."""
+    when = datetime(2026, 12, 5, 19, 27, tzinfo=UTC)
+    written = tmp_path / "cells" / "stamped.parquet"
+    write_rows(written, [store_row("s", timestamp=when)])
+    t = pq.read_table(written)
+    i = t.schema.get_field_index("timestamp")
+    other = tmp_path / "cells" / "duckdb.parquet"
+    pq.write_table(t.set_column(i, "timestamp", t.column(i).cast(pa.timestamp("us", tz="Etc/UTC"))), other)
+    out = tmp_path / "all.parquet"
+    assert aggregate(shuffled + [str(written), str(other)], out) == 6
+    table = pq.read_table(out)
+    assert table.schema.field("timestamp").type == SCHEMA.field("timestamp").type
+    assert table.column("timestamp").to_pylist().count(when) == 2  # the same instant from both files
 
 
 def test_repeated_rows_names_each_row_a_table_holds_twice(tmp_path: Path) -> None:
