@@ -16,8 +16,8 @@ The spec projection replays the adaptive protocol (`repeat.ci_target`, longca.me
 cell's committed samples, in their order: batches as large as the samples so far until the median's
 95% interval is within the target, `iters` calls or `budget_s`; past the committed samples the
 interval's half-width is taken to shrink as 1/sqrt(n). Per row it adds the warm-up (`warmup_s` of
-calls), the L2 flush per call, the graph replays of forward cells (`repeat.graph`, as many calls
-again, below `graph_below_ms`), the full-length agreement of cells beyond the check length
+calls), the L2 flush per call, the graph replays (`repeat.graph`, as many calls again at the eager
+pace, below `graph_below_ms`), the full-length agreement of cells beyond the check length
 (`check.agree_with`: the cell's own forward and a comparator's, at the cell's forward time; where
 the gradients are compared, `agree_gradients`, the comparator's forward and backward, at the cell's
 forward and call time) and a per-row overhead; per cell its committed check and compile seconds;
@@ -157,7 +157,7 @@ def project_spec(
             n = adaptive_calls(samples, rep.get("ci_target") or 1.0, rep.get("min_iters", 1), rep["iters"], budget_s)
             warm = min(rep.get("warmup", 1), max(1, math.ceil(rep.get("warmup_s", 0.0) * 1000.0 / call))) * call
             t = warm + n * (call + per_call_ms) + per_row_s * 1000.0
-            if rep.get("graph") and cell.pass_ == "fwd" and call < rep.get("graph_below_ms", math.inf):
+            if rep.get("graph") and call < rep.get("graph_below_ms", math.inf):  # every pass is captured
                 t += n * (call + per_call_ms) + call
             if check.get("agree_with") and cell.seqlen > int(check["max_seqlen"]):
                 fwd = fwd_ms.get(ident.replace(f"/pass={cell.pass_}/", "/pass="), call / 2.5)

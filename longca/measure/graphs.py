@@ -6,6 +6,11 @@ Users who capture graphs or compile never pay it. `capture` records a call in a 
 warm-up calls on a side stream, as PyTorch requires); the one Timer then times `replay` under the
 same protocol as the eager calls, so a row can carry both. A call that cannot be captured (host
 synchronisation, CPU-side control flow, allocations a graph cannot replay) says why instead.
+
+A backward is captured like any call, with one condition: autograd runs each backward op on the
+stream its forward op ran on, so the forward whose graph the captured backward walks must have run
+on the capturing stream (`prepare`; PyTorch's `make_graphed_callables` captures both on one stream
+for the same reason).
 """
 
 from __future__ import annotations
@@ -13,26 +18,46 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from torch.utils._pytree import tree_leaves
 
 WARMUP = 3  # calls on the side stream before capture (lazy initialisation, autotuning, compile)
 
 
 class Captured:
-    """A captured call: `replay()` runs it again; `release()` frees the graph's memory pool."""
+    """A captured call: `replay()` runs it again; `outputs` are the tensors the captured call
+    returned, which every replay rewrites; `release()` frees the graph's memory pool."""
 
-    def __init__(self, graph: torch.cuda.CUDAGraph) -> None:
+    def __init__(self, graph: torch.cuda.CUDAGraph, outputs: list[torch.Tensor], device: torch.device) -> None:
         self.graph = graph
+        self.outputs = outputs
+        self.device = device
 
     def replay(self) -> None:
         self.graph.replay()
 
+    def replayed(self) -> list[torch.Tensor]:
+        """The outputs of one replay, each set to NaN before it: a value the replay did not write
+        stays NaN, so work that ran outside the capture (a kernel launched on another stream, a
+        result kept on the host side) cannot pass for the call's."""
+        for t in self.outputs:
+            if t.is_floating_point():
+                t.fill_(float("nan"))
+        self.replay()
+        torch.cuda.synchronize(self.device)
+        return self.outputs
+
     def release(self) -> None:
+        torch.cuda.synchronize(self.device)  # no replay still reads what the caller frees next
+        self.outputs = []
         self.graph.reset()
 
 
-def capture(fn: Callable[[], object], device: torch.device) -> tuple[Captured | None, str | None]:
+def capture(
+    fn: Callable[[], object], device: torch.device, prepare: Callable[[], object] | None = None
+) -> tuple[Captured | None, str | None]:
     """(captured call, None), or (None, why not): the reason names the exception the capture
-    raised, or the device that has no CUDA graphs."""
+    raised, or the device that has no CUDA graphs. `prepare()`, if given, runs once before the
+    warm-up on the stream the capture uses, neither timed nor captured (a backward's forward)."""
     if device.type != "cuda":
         return None, f"no CUDA graphs on {device.type}"
     side = torch.cuda.Stream(device)
@@ -40,13 +65,15 @@ def capture(fn: Callable[[], object], device: torch.device) -> tuple[Captured | 
     graph = torch.cuda.CUDAGraph()
     try:
         with torch.cuda.stream(side):
+            if prepare is not None:
+                prepare()
             for _ in range(WARMUP):
                 fn()
         torch.cuda.current_stream(device).wait_stream(side)
-        with torch.cuda.graph(graph):
-            fn()
+        with torch.cuda.graph(graph, stream=side):
+            outputs = [t for t in tree_leaves(fn()) if isinstance(t, torch.Tensor)]
     except Exception as exc:  # the capture ended with the exception: the stream is usable again
         torch.cuda.synchronize(device)
-        return None, f"not capturable in a CUDA graph: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        return None, f"not capturable in a CUDA graph: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
     torch.cuda.synchronize(device)
-    return Captured(graph), None
+    return Captured(graph, outputs, device), None

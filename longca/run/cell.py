@@ -38,7 +38,7 @@ from longca.measure.reference import dense_mask_tensor, reference_attention, rel
 from longca.measure.reference_cache import ReferenceCache
 from longca.measure.timer import RETAINED_GRAPH, time_under, timer_for
 from longca.run.agreement import GRADIENTS, agreement_applies, compare, compares_gradients
-from longca.run.check import check_columns, check_verdict
+from longca.run.check import check_columns, check_verdict, tolerance
 from longca.run.rows import base_row, classify, gate_peak, mask_columns, softmax_flops, status_row, timing_columns
 from longca.run.time_left import LeftForLater
 from longca.spec.cells import Cell
@@ -437,8 +437,11 @@ def _measure_sample(
             timing = timed(lambda: saved["out"].backward(do), before=fresh_forward)
         else:
             timing = timed(lambda: prepared.call(q, k, v).backward(do), before=clear_grads)
-        graph = graph_columns(cell, rep, timer, lambda: prepared.call(q, k, v), device, timing.median_ms)
-    peak = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
+        # the eager calls' peak: a captured backward's second forward and graph pool are not the kernel's
+        peak = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
+        graph = graph_columns(
+            cell, rep, timer, device, timing.median_ms, _graph_pass(cell, kernel, prepared.call, (q, k, v), do)
+        )
     clock1 = gpu_clock_state() if device.type == "cuda" else {}
     if agreement_applies(cell) and need_grad:  # after the peak-memory read: the comparator's memory is not counted
         agreement = agree(lambda: _timed_results(prepared, kernel.layout, cell, (q, k, v), saved.get("out")))
@@ -577,29 +580,98 @@ def run_cell(
     return rows
 
 
-def graph_columns(cell: Cell, rep: dict, timer, call, device: torch.device, eager_ms: float | None = None) -> dict:
-    """With `repeat.graph`, a forward cell's call captured in a CUDA graph and its replays timed
-    under the same protocol (graph_* columns: kernel time without host launch time), or the reason
-    there is none. Nothing without `repeat.graph` (rows keep their columns empty). With
+@dataclass
+class GraphPass:
+    """What a CUDA graph captures of a cell's pass: `call` (after `prepare`, run once on the capture
+    stream), and `expected()`, what a replay must reproduce (the eager calls' results)."""
+
+    call: Callable[[], Any]
+    expected: Callable[[], list[torch.Tensor]]
+    tolerance: float
+    prepare: Callable[[], Any] | None = None
+    release: Callable[[], None] = lambda: None
+    no_grad: bool = False
+
+
+def _graph_pass(cell: Cell, kernel, call, inputs: tuple, dout) -> GraphPass | str:
+    """The cell's pass as a capturable call, or why it has none. The forward: the call itself. A
+    backward alone: autograd's backward of one forward run before the capture on its stream, every
+    replay on that retained graph (as the eager `retained_graph` backward); forward+backward: both.
+    Gradients come from torch.autograd.grad, so the eager calls' `.grad` (the full-length
+    agreement compares them) stay as the last eager backward left them."""
+    out_tol, grad_tol = tolerance(cell)
+    if cell.pass_ == Pass.FWD:
+        return GraphPass(call=lambda: call(*inputs), expected=lambda: [call(*inputs)], tolerance=out_tol, no_grad=True)
+
+    def grads():
+        return [x.grad for x in inputs]
+
+    if cell.pass_ == Pass.FWD_BWD:
+        return GraphPass(
+            call=lambda: torch.autograd.grad(call(*inputs), inputs, dout), expected=grads, tolerance=grad_tol
+        )
+    if not kernel.caps.retained_backward:
+        return f"{cell.kernel}'s backward cannot run twice on one forward (Capabilities.retained_backward)"
+    kept: dict[str, torch.Tensor] = {}
+
+    def forward():
+        kept["out"] = call(*inputs)
+
+    return GraphPass(
+        call=lambda: torch.autograd.grad(kept["out"], inputs, dout, retain_graph=True),
+        expected=grads,
+        tolerance=grad_tol,
+        prepare=forward,
+        release=kept.clear,
+    )
+
+
+def graph_columns(
+    cell: Cell, rep: dict, timer, device: torch.device, eager_ms: float | None, graph_pass: GraphPass | str
+) -> dict:
+    """With `repeat.graph`, the cell's pass captured in a CUDA graph and its replays timed under the
+    same protocol (graph_* columns: kernel time without host launch time), or the reason there is
+    none. Nothing without `repeat.graph` (rows keep their columns empty). With
     `repeat.graph_below_ms`, only calls whose eager median (`eager_ms`) is shorter are replayed: a
-    launch costs microseconds, so a long call's replays would repeat its timing at its full cost."""
+    launch costs microseconds, so a long call's replays would repeat its timing at its full cost.
+    Before it is timed, one replay must reproduce the eager calls' results within the cell's
+    tolerance, from outputs set to NaN: a graph that left work outside its capture is not timed."""
     if not rep.get("graph"):
         return {}
-    if cell.pass_ != Pass.FWD:
-        return {"graph_reason": "backward cells are timed eagerly only (no capture of autograd's backward)"}
     limit = rep.get("graph_below_ms")
     if limit is not None and eager_ms is not None and eager_ms >= limit:
         return {
             "graph_reason": f"eager median {eager_ms:.3g} ms >= repeat.graph_below_ms {limit:g}: "
             "launch time is negligible"
         }
-    with torch.no_grad():
-        captured, reason = capture(call, device)
-        if captured is None:
-            return {"graph_reason": reason}
+    if isinstance(graph_pass, str):
+        return {"graph_reason": graph_pass}
+    with torch.no_grad() if graph_pass.no_grad else torch.enable_grad():
+        captured, reason = capture(graph_pass.call, device, graph_pass.prepare)
         try:
+            if captured is None:
+                return {"graph_reason": reason}
+            reason = _replay_disagrees(captured.replayed(), graph_pass.expected(), graph_pass.tolerance)
+            if reason:
+                return {"graph_reason": reason}
             timing = time_under(timer, captured.replay, dict(rep, warmup=1, warmup_s=None))
         finally:
-            captured.release()
+            if captured is not None:
+                captured.release()
+            graph_pass.release()
     ci = timing.ci
     return {"graph_median_ms": timing.median_ms, "graph_ci_low_ms": ci.low, "graph_ci_high_ms": ci.high}
+
+
+def _replay_disagrees(replayed: list[torch.Tensor], expected: list, tol: float) -> str | None:
+    """Why a replay's results are not the eager call's, or None."""
+    pairs = [(r, e) for r, e in zip(replayed, expected) if e is not None]
+    if len(replayed) != len(expected) or not pairs:
+        return f"the captured call returned {len(replayed)} tensors where the eager call gives {len(expected)}"
+    errors = [relative_error(r, e.detach()) for r, e in pairs]
+    if max(errors) <= tol:
+        return None
+    return (
+        f"a replay does not reproduce the eager call (relative error {max(errors):.3g} > {tol:g}; "
+        "work outside the capture leaves NaN): not timed"
+    )

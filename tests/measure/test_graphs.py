@@ -38,3 +38,44 @@ def test_a_call_that_synchronises_with_the_host_is_not_captured():
     captured, reason = capture(lambda: x.sum().item(), dev)
     assert captured is None and reason.startswith("not capturable in a CUDA graph: ")
     assert (x + 1).sum().item() == 8  # the device is usable after the failed capture
+
+
+@needs_cuda
+def test_a_backward_is_captured_on_the_stream_its_forward_ran_on():
+    """Autograd runs each backward op on its forward op's stream: with the forward run on the
+    capture stream (`prepare`), the backward is captured, and a replay from NaN outputs writes the
+    eager backward's gradients."""
+    dev = torch.device("cuda")
+    q, k, v = (torch.randn(1, 4, 512, 64, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    dout = torch.randn_like(q)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    sdpa(q, k, v, is_causal=True).backward(dout)
+    kept = {}
+
+    def forward():
+        kept["out"] = sdpa(q, k, v, is_causal=True)
+
+    captured, reason = capture(
+        lambda: torch.autograd.grad(kept["out"], (q, k, v), dout, retain_graph=True), dev, forward
+    )
+    assert reason is None and len(captured.outputs) == 3
+    for replayed, x in zip(captured.replayed(), (q, k, v)):
+        assert torch.allclose(replayed.float(), x.grad.float(), rtol=2e-2, atol=2e-2)
+    captured.release()
+
+
+@needs_cuda
+def test_work_left_outside_the_capture_reads_nan_after_a_replay():
+    """A call whose result was computed before the capture (cached on the host side) replays
+    nothing: `replayed` shows it instead of the stale values."""
+    dev = torch.device("cuda")
+    cached, scratch = torch.ones(8, device=dev), torch.zeros(1, device=dev)
+
+    def call():
+        scratch.add_(1)  # the graph is not empty: only the result's work is missing from it
+        return cached
+
+    captured, reason = capture(call, dev)
+    assert reason is None
+    assert torch.isnan(captured.replayed()[0]).all()
+    captured.release()

@@ -3,7 +3,9 @@
 import json
 
 import pytest
+import torch
 
+from longca.measure.timer import timer_for
 from longca.run.cell import run_cell
 from longca.spec.cells import expand
 from longca.spec.load import load_spec
@@ -424,39 +426,124 @@ def test_graph_replay_is_asked_for_and_each_row_says_why_it_has_none_on_the_cpu(
     fixed = "warmup: 1, iters: 2, min_iters: 1, budget_s: 0.2, l2_flush: false"
     (plain,) = run_cell(expand(spec("[naive]", masks="[full]", passes="[fwd]", repeat=fixed))[0])
     assert plain.get("graph_reason") is None and plain.get("graph_median_ms") is None  # not asked for
-    cells = expand(spec("[naive]", masks="[full]", passes="[fwd, bwd]", repeat=fixed + ", graph: true"))
+    cells = expand(spec("[naive]", masks="[full]", passes="[fwd, bwd, fwd_bwd]", repeat=fixed + ", graph: true"))
     reasons = {c.pass_: run_cell(c)[0]["graph_reason"] for c in cells}
-    assert reasons == {
-        "fwd": "no CUDA graphs on cpu",
-        "bwd": "backward cells are timed eagerly only (no capture of autograd's backward)",
-    }
+    assert reasons == {p: "no CUDA graphs on cpu" for p in ("fwd", "bwd", "fwd_bwd")}
 
 
-def test_graph_replay_times_the_captured_call_under_the_same_timer(monkeypatch):
-    """What a captured call's row holds, with the capture stood in for (CUDA graphs need a GPU)."""
+class CpuGraph:
+    """Stands in for a CUDA graph on the CPU (they need a GPU; tests/measure/test_graphs.py captures
+    real ones there): `prepare` runs once, the call once at capture, and each replay runs it again
+    and writes its results into the tensors the capture returned, as a graph's replays rewrite its
+    static outputs. `escaped`: replays write nothing, as when the call's work ran outside the capture."""
+
+    made: list = []
+
+    def __init__(self, fn, prepare, escaped=False):
+        if prepare is not None:
+            prepare()
+        self.fn, self.escaped, self.replays, self.released = fn, escaped, 0, False
+        self.outputs = list(self._run())
+        CpuGraph.made.append(self)
+
+    def _run(self):
+        out = self.fn()
+        return out if isinstance(out, tuple) else (out,)
+
+    def replay(self):
+        self.replays += 1
+        if not self.escaped:
+            for o, new in zip(self.outputs, self._run()):
+                o.copy_(new)
+
+    def replayed(self):
+        for o in self.outputs:
+            o.fill_(float("nan"))
+        self.replay()
+        return self.outputs
+
+    def release(self):
+        self.released = True
+
+
+@pytest.fixture
+def cpu_graphs(monkeypatch):
     import longca.run.cell as cell_module
 
-    class Fake:
-        calls = 0
+    CpuGraph.made = []
+    monkeypatch.setattr(cell_module, "capture", lambda fn, device, prepare=None: (CpuGraph(fn, prepare), None))
+    return CpuGraph.made
 
-        def replay(self):
-            Fake.calls += 1
 
-        def release(self):
-            Fake.released = True
+GRAPHED = "warmup: 1, iters: 4, min_iters: 4, budget_s: 1.0, l2_flush: false, graph: true, backward: retained_graph"
 
-    monkeypatch.setattr(cell_module, "capture", lambda fn, device: (Fake(), None))
-    fixed = "warmup: 1, iters: 4, min_iters: 4, budget_s: 1.0, l2_flush: false, graph: true"
-    (row,) = run_cell(expand(spec("[naive]", masks="[full]", passes="[fwd]", repeat=fixed))[0])
-    assert row.get("graph_reason") is None and Fake.calls == 1 + 4 and Fake.released  # warm-up, then the timed calls
+
+@pytest.mark.parametrize("pass_", ["fwd", "bwd", "fwd_bwd"])
+def test_graph_replay_times_each_pass_s_captured_call_under_the_same_timer(cpu_graphs, pass_):
+    """Every pass is captured: a backward alone on one forward run before the capture (the eager
+    retained graph's), forward+backward whole. One replay is checked against the eager calls, then
+    the warm-up and the timed replays follow."""
+    (row,) = run_cell(expand(spec("[naive]", masks="[causal]", passes=f"[{pass_}]", repeat=GRAPHED))[0])
+    assert row["status"] == "ok" and row.get("graph_reason") is None
+    (graph,) = cpu_graphs
+    assert graph.replays == 1 + 1 + 4 and graph.released  # the check, the warm-up, the timed calls
+    assert len(graph.outputs) == (1 if pass_ == "fwd" else 3)  # the output, or dq, dk, dv
     assert row["graph_ci_low_ms"] <= row["graph_median_ms"] <= row["graph_ci_high_ms"]
+
+
+def test_a_replay_that_does_not_reproduce_the_eager_call_is_not_timed(monkeypatch):
+    import longca.run.cell as cell_module
+
+    monkeypatch.setattr(
+        cell_module, "capture", lambda fn, device, prepare=None: (CpuGraph(fn, prepare, escaped=True), None)
+    )
+    fixed = "warmup: 1, iters: 2, min_iters: 2, budget_s: 1.0, l2_flush: false, graph: true"
+    for cell in expand(spec("[naive]", masks="[full]", passes="[fwd, bwd]", repeat=fixed)):
+        (row,) = run_cell(cell)
+        assert row["status"] == "ok" and row.get("graph_median_ms") is None  # the eager timing stands
+        assert row["graph_reason"].startswith("a replay does not reproduce the eager call (relative error inf > ")
+
+
+def test_a_captured_backward_leaves_the_eager_gradients_and_refuses_without_a_retained_graph(cpu_graphs):
+    """The full-length agreement compares the last eager backward's `.grad`: the captured backward
+    takes its own (torch.autograd.grad) and leaves them. A kernel whose backward cannot run twice on
+    one forward has no backward alone to capture."""
+    from types import SimpleNamespace
+
+    from longca.run.cell import _graph_pass, graph_columns
+
+    (cell,) = expand(spec("[naive]", masks="[full]", passes="[bwd]", repeat=GRAPHED))
+    q, k, v = (torch.randn(1, 2, 8, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    dout = torch.randn(1, 2, 8, 4, dtype=torch.float64)
+
+    def call(q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2), -1) @ v
+
+    call(q, k, v).backward(dout)
+    eager = [x.grad.clone() for x in (q, k, v)]
+    kernel = SimpleNamespace(caps=SimpleNamespace(retained_backward=True))
+    cols = graph_columns(
+        cell,
+        cell.repeat_dict,
+        timer_for(torch.device("cpu")),
+        torch.device("cpu"),
+        1.0,
+        _graph_pass(cell, kernel, call, (q, k, v), dout),
+    )
+    assert cols["graph_median_ms"] > 0
+    assert all(torch.equal(x.grad, e) for x, e in zip((q, k, v), eager))
+    assert all(torch.allclose(o, e) for o, e in zip(cpu_graphs[0].outputs, eager))
+    refused = _graph_pass(cell, SimpleNamespace(caps=SimpleNamespace(retained_backward=False)), call, (q, k, v), dout)
+    assert refused == "naive's backward cannot run twice on one forward (Capabilities.retained_backward)"
 
 
 def test_graph_replay_skips_calls_longer_than_graph_below_ms(monkeypatch):
     """A long call's replays would repeat its timing at full cost for a launch time of microseconds."""
     import longca.run.cell as cell_module
 
-    monkeypatch.setattr(cell_module, "capture", lambda fn, device: (_ for _ in ()).throw(AssertionError("captured")))
+    monkeypatch.setattr(
+        cell_module, "capture", lambda fn, device, prepare=None: (_ for _ in ()).throw(AssertionError("captured"))
+    )
     fixed = "warmup: 1, iters: 2, min_iters: 1, budget_s: 0.2, l2_flush: false, graph: true, graph_below_ms: 1.0e-6"
     (row,) = run_cell(expand(spec("[naive]", masks="[full]", passes="[fwd]", repeat=fixed))[0])
     assert row["status"] == "ok" and row.get("graph_median_ms") is None
@@ -508,3 +595,35 @@ def test_a_stopped_cell_keeps_its_finished_draws_and_the_next_run_measures_only_
     single = next(c for c in expand(spec("[naive]", passes="[fwd]")) if c.samples == 1)
     run_cell(single, keep_draws=out)
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
+@pytest.mark.parametrize("kernel", ["sdpa_flash", "sdpa_cudnn", "flex"])
+def test_on_a_gpu_every_pass_of_torch_s_kernels_has_a_replayed_time(kernel):
+    """Forward, backward alone (on a retained forward captured on its stream) and forward+backward
+    are captured, their replays reproduce the eager calls and are timed."""
+    if kernel == "sdpa_cudnn" and torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("cuDNN SDPA's backward here needs sm90")
+    cells = expand(
+        load_spec(
+            text=f"""
+name: t
+device: cuda
+repeat: {{{GRAPHED}}}
+check: {{max_seqlen: 1024}}
+kernels: [{kernel}]
+masks: [causal]
+seqlens: [1024]
+heads: ["4:4"]
+head_dims: [64]
+dtypes: [bfloat16]
+passes: [fwd, bwd, fwd_bwd]
+sweeps: [{{name: s}}]
+"""
+        )
+    )
+    for cell in cells:
+        (row,) = run_cell(cell)
+        assert row["status"] == "ok", row["reason"]
+        assert row.get("graph_reason") is None, (cell.pass_, row["graph_reason"])
+        assert row["graph_ci_low_ms"] <= row["graph_median_ms"] <= row["graph_ci_high_ms"]
