@@ -256,6 +256,11 @@ def correctness(cell: Cell, rank: int, world: int, device: torch.device, kernel)
     return {"check_seqlen": s, **{n: (e if math.isfinite(e) else float("inf")) for n, e in zip(names, errs)}}
 
 
+# `repeat.graph` on a CP cell: its steps interleave collectives with host-side bookkeeping (bytes
+# sent, the communication-free loop that toggles the exchange), none of which a replay would redo.
+CP_GRAPH_REASON = "context-parallel cells are timed eagerly only (their collectives are not captured)"
+
+
 def measure(cell: Cell, rank: int, world: int, device: torch.device, kernel, sample: int) -> dict[str, Any]:
     """One mask draw at the full length: plan, inputs, the timed pass (with and without
     communication); returns the row's measurement columns (complete on every rank)."""
@@ -356,6 +361,7 @@ def measure(cell: Cell, rank: int, world: int, device: torch.device, kernel, sam
         "rank_peak_mem_bytes": [r["peak"] for r in per_rank] if device.type == "cuda" else None,
         "peak_mem_bytes": max(r["peak"] for r in per_rank) if device.type == "cuda" else None,
         "comm_exposed_ms": timing.median_ms - _median(free_ms),
+        **({"graph_reason": CP_GRAPH_REASON} if rep.get("graph") else {}),
         **agreement,
     }
 

@@ -18,6 +18,7 @@ from longca.kernels.rank import Naive
 from longca.kernels.registry import KERNELS, get
 from longca.masks.registry import build_mask
 from longca.run import ranks
+from longca.run.ranks import CP_GRAPH_REASON
 from longca.store.write import write_rows
 
 from .cp_cells import cp_cell
@@ -38,7 +39,8 @@ CELLS = {
     "not_per_rank": cp_cell(kernel="sdpa_math"),
     "warm_count": cp_cell(pass_="fwd", repeat={"warmup": 3}),
     "warm_budget": cp_cell(pass_="fwd", repeat={"warmup": 3, "warmup_s": 1e-9}),  # ranks stop together
-    "cooled": cp_cell(pass_="fwd", repeat={"cooldown_s": 0.2}),  # every rank idles before its warm-up
+    # every rank idles before its warm-up; graph replay asked for, and the row says why there is none
+    "cooled": cp_cell(pass_="fwd", repeat={"cooldown_s": 0.2, "graph": True}),
     # the adaptive protocol: ranks decide together when the interval is narrow enough
     "adaptive": cp_cell(pass_="fwd", repeat={"iters": 200, "budget_s": 5.0, "ci_target": 0.5}),
     # the spec's check applies: its reduced length, and one row per mask draw
@@ -184,6 +186,7 @@ def test_cells_become_rows(tmp_path):
     assert rows["warm_budget"]["status"] == "ok" and rows["warm_budget"]["warmup_iters"] == 1
     cooled = rows["cooled"]
     assert cooled["status"] == "ok" and cooled["cooldown_s"] >= 0.2 and ok["cooldown_s"] == 0.0
+    assert cooled["graph_reason"] == CP_GRAPH_REASON and ok.get("graph_reason") is None
     assert cooled["timer_wall_s"] + cooled["cooldown_s"] <= cooled["cell_wall_s"]  # the pause is outside the timer
     assert ok.get("clock_start_mhz") is None  # CPU ranks have no GPU clock to read
 
