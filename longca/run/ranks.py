@@ -194,6 +194,25 @@ def mask_area_q_heads(mask, heads_q: int) -> int:
     return mask.area * heads_q
 
 
+def _sharded_plan(cell: Cell, mask, rank: int, world: int, device: torch.device, kernel, comm: Comm | None = None):
+    """The cell's sharding of `mask` over `world` ranks and this rank's plan of its steps."""
+    sharding = make_sharding(cell.cp_balance, mask.seqlen_q, world, mask.slices)
+    plan = build_plan(
+        cell.cp_mechanism,
+        dict(cell.cp_degrees),
+        mask.slices,
+        sharding,
+        rank,
+        cell.heads_q,
+        cell.heads_kv,
+        kernel,
+        device,
+        comm,
+        blocks=mask.blocks,
+    )
+    return sharding, plan
+
+
 def _median(xs: list[float]) -> float:
     return float(np.median(xs)) if xs else float("nan")
 
@@ -223,19 +242,7 @@ def correctness(cell: Cell, rank: int, world: int, device: torch.device, kernel)
     """Relative errors of output (and gradients) against the reference at the check length (mask draw 0)."""
     s = cp_check_length(cell)
     mask = _mask(cell, s, 0)
-    sharding = make_sharding(cell.cp_balance, s, world, mask.slices)
-    plan = build_plan(
-        cell.cp_mechanism,
-        dict(cell.cp_degrees),
-        mask.slices,
-        sharding,
-        rank,
-        cell.heads_q,
-        cell.heads_kv,
-        kernel,
-        device,
-        blocks=mask.blocks,
-    )
+    sharding, plan = _sharded_plan(cell, mask, rank, world, device, kernel)
     q, k, v, dout = _inputs(cell, s, device, cell.seed + 1)
     pos = torch.from_numpy(sharding.positions(rank)).to(device)
     grads_wanted = cell.pass_ != Pass.FWD
@@ -267,23 +274,10 @@ def measure(cell: Cell, rank: int, world: int, device: torch.device, kernel, sam
     s, b = cell.seqlen, cell.batch
     t0 = time.perf_counter()
     mask = _mask(cell, s, sample)
-    sharding = make_sharding(cell.cp_balance, s, world, mask.slices)
     mask_build_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     comm = Comm()
-    plan = build_plan(
-        cell.cp_mechanism,
-        dict(cell.cp_degrees),
-        mask.slices,
-        sharding,
-        rank,
-        cell.heads_q,
-        cell.heads_kv,
-        kernel,
-        device,
-        comm,
-        blocks=mask.blocks,
-    )
+    sharding, plan = _sharded_plan(cell, mask, rank, world, device, kernel, comm)
     plan_s = time.perf_counter() - t0
     rank_area = plan.rank_area(b)
     # Random local inputs (timing never runs on zeros); generated on the device, per rank and draw.
