@@ -411,7 +411,7 @@ def mask_metric(
     )
 
 
-# Which time a throughput chart draws: the kernel's (a forward call replayed from a CUDA graph, no
+# Which time a throughput chart draws: the kernel's (the cell's pass replayed from a CUDA graph, no
 # host launch time, where it was captured: the row's `timing`) by default, the eager call's one click
 # away. Both are in every point's tooltip.
 SHOWN = "tflops_shown"
@@ -421,7 +421,7 @@ TIME_PARAM = alt.param(
     bind=alt.binding_radio(options=["kernel", "eager"], labels=["kernel time", "eager time"], name="time: "),
 )
 TIME_NOTE = (
-    " TFLOP/s at kernel time by default: forward cells replayed from a CUDA graph where their call could be"
+    " TFLOP/s at kernel time by default: cells replayed from a CUDA graph where their pass could be"
     " captured (no host launch time; the tooltip's timing says which), eager time elsewhere; the buttons"
     " above switch every panel to eager time."
 )
