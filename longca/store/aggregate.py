@@ -119,6 +119,37 @@ def keep_rows_outside(new_file: str | Path, old_file: str | Path) -> int:
     return kept.num_rows
 
 
+def move_cells(src: str | Path, dst: str | Path, where: str) -> tuple[int, int]:
+    """Move every row of the cells (digests) of which a row of `src` matches the SQL predicate
+    `where` (DuckDB, over `src`'s columns) from `src` to `dst` (created if absent), each written
+    atomically; returns (rows, cells) moved. For a published cell that must be measured again under
+    the same digest (a row that records a limit the code no longer has): once out of the aggregate
+    it is missing, so the next run measures it, and its earlier rows stay in `dst` (a re-run table:
+    the two runs of one digest are a pair for the move between runs)."""
+    import duckdb
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from longca.store.write import PUBLISHED_ZSTD_LEVEL, write_table
+
+    table = pq.read_table(src)
+    con = duckdb.connect()
+    con.register("src", table)
+    try:
+        digests = [d for (d,) in con.execute(f"SELECT DISTINCT cell_digest FROM src WHERE {where}").fetchall() if d]
+    except duckdb.Error as exc:
+        raise ValueError(f"where {where!r}: not a predicate over {src}'s columns ({exc})") from None
+    chosen = pc.is_in(table["cell_digest"], value_set=pa.array(digests, pa.string()))
+    moved = table.filter(chosen)
+    if not moved.num_rows:
+        return 0, 0
+    parts = ([pq.read_table(dst)] if Path(dst).exists() else []) + [moved]
+    write_table(dst, pa.concat_tables(parts, promote_options="permissive"), level=PUBLISHED_ZSTD_LEVEL)
+    write_table(src, table.filter(pc.invert(chosen)), level=PUBLISHED_ZSTD_LEVEL)
+    return moved.num_rows, len(digests)
+
+
 # One measurement of one draw of one cell: a second row with these values is the same row twice.
 ROW_IDENTITY = ("cell_digest", "run_id", "mask_sample", "timestamp")
 

@@ -95,3 +95,31 @@ sweeps:
     assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.parquet")) == sorted(
         Path(c.output(out)).relative_to(out).as_posix() for c in cells
     )
+
+
+def test_move_cells_takes_every_row_of_a_matching_cell_out_of_the_aggregate(tmp_path: Path) -> None:
+    """A cell to measure again under its digest leaves the aggregate whole (all its draws, though one
+    matched), joins the other table, and is what a plan of the aggregate finds missing."""
+    import pytest
+
+    from longca.store.aggregate import move_cells
+
+    files = []
+    for c, ms in (("a", [0.5, 30.0]), ("b", [40.0, 50.0]), ("c", [0.2])):
+        rows = [store_row(c, mask_sample=s, median_ms=m) for s, m in enumerate(ms)]
+        path = cell_path_of_row(rows[0], tmp_path / "cells")
+        write_rows(path, rows)
+        files.append(str(path))
+    src, dst = tmp_path / "all.parquet", tmp_path / "reruns.parquet"
+    aggregate(files, src)
+    assert move_cells(src, dst, "median_ms < 1 AND cell_digest <> 'c'") == (2, 1)
+    assert sorted({r["cell_digest"] for r in pq.read_table(src).to_pylist()}) == ["b", "c"]
+    assert sorted((r["cell_digest"], r["median_ms"]) for r in pq.read_table(dst).to_pylist()) == [
+        ("a", 0.5),
+        ("a", 30.0),
+    ]
+    assert move_cells(src, dst, "median_ms < 1") == (1, 1)  # appended to the table already there
+    assert pq.read_table(dst).num_rows == 3 and pq.read_table(src).num_rows == 2
+    assert move_cells(src, dst, "median_ms < 1") == (0, 0)  # nothing left to move: nothing written
+    with pytest.raises(ValueError, match="not a predicate over"):
+        move_cells(src, dst, "no_such_column > 1")
