@@ -627,3 +627,16 @@ sweeps: [{{name: s}}]
         assert row["status"] == "ok", row["reason"]
         assert row.get("graph_reason") is None, (cell.pass_, row["graph_reason"])
         assert row["graph_ci_low_ms"] <= row["graph_median_ms"] <= row["graph_ci_high_ms"]
+
+
+def test_running_out_of_memory_checking_a_replay_keeps_the_eager_row(monkeypatch):
+    import longca.run.cell as cell_module
+
+    class OutOfMemory(CpuGraph):
+        def replayed(self):
+            raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(cell_module, "capture", lambda fn, device, prepare=None: (OutOfMemory(fn, prepare), None))
+    (row,) = run_cell(expand(spec("[naive]", masks="[full]", passes="[fwd]", repeat=GRAPHED))[0])
+    assert row["status"] == "ok" and row["median_ms"] > 0 and row.get("graph_median_ms") is None
+    assert row["graph_reason"] == "out of memory comparing a replay with the eager call: not timed"
