@@ -334,17 +334,27 @@ def _median(xs: list[float]) -> float | None:
 
 
 def _environment(a: pl.DataFrame, b: pl.DataFrame) -> list[dict[str, Any]]:
-    """Environment facts (and SM clocks) whose values differ between the sides."""
+    """Environment facts (and SM clocks) whose values differ between the sides: each side's
+    distinct values, sorted."""
     out = []
     for fact in ENV_FACTS:
         va = sorted({str(v) for v in a.get_column(fact).drop_nulls().to_list()}) if fact in a.columns else []
         vb = sorted({str(v) for v in b.get_column(fact).drop_nulls().to_list()}) if fact in b.columns else []
         if va != vb:
-            out.append({"fact": fact, "base": ", ".join(va), "new": ", ".join(vb)})
+            out.append({"fact": fact, "base": va, "new": vb})
     clocks = [_clocks(a), _clocks(b)]
     if clocks[0] != clocks[1]:
-        out.append({"fact": "SM clock at the end of ok rows", "base": clocks[0], "new": clocks[1]})
+        out.append({"fact": "SM clock at the end of ok rows", "base": clocks[0:1], "new": clocks[1:2]})
     return out
+
+
+def _values(values: list[str], most: int | None = None) -> str:
+    """A side's values of a fact, at most `most` of them named (a published set spans many commits)."""
+    if not values or values == [""]:
+        return "-"
+    shown = values if most is None or len(values) <= most else values[:most]
+    more = f" (+{len(values) - len(shown)} more)" if len(shown) < len(values) else ""
+    return ", ".join(shown) + more
 
 
 def _clocks(frame: pl.DataFrame) -> str:
@@ -396,7 +406,7 @@ def summary_text(c: Comparison) -> str:
             f"  {r['verdict']:6} x{r['ratio']:.3f} [{r['ratio_ci_low']:.3f}, {r['ratio_ci_high']:.3f}]  {r['cell_id']}"
         )
     for e in c.environment:
-        lines.append(f"  environment: {e['fact']}: base {e['base'] or '-'} | new {e['new'] or '-'}")
+        lines.append(f"  environment: {e['fact']}: base {_values(e['base'], 3)} | new {_values(e['new'], 3)}")
     return "\n".join(lines)
 
 
@@ -482,7 +492,7 @@ def write_html(c: Comparison, out_dir: str | Path) -> Path:
     s = c.summary
     counts = table([[v, s["verdicts"].get(v, 0)] for v in VERDICTS], ["verdict", "cells"])
     env = (
-        table([[e["fact"], e["base"], e["new"]] for e in c.environment], ["fact", "base", "new"])
+        table([[e["fact"], _values(e["base"]), _values(e["new"])] for e in c.environment], ["fact", "base", "new"])
         if c.environment
         else "<p>None of the recorded facts differ.</p>"
     )

@@ -128,12 +128,28 @@ def test_noise_status_changes_one_sided_cells_and_the_environment_diff(tmp_path)
     assert verdicts[("fa4", "causal", 1024)] == "faster"
     assert verdicts[("fa4", "causal", 16384)] == "only in new"
     assert verdicts[("naive", "full", 65536)] == "only in base"
-    assert {"fact": "torch", "base": "2.11.0", "new": "2.12.0"} in result.environment
+    assert {"fact": "torch", "base": ["2.11.0"], "new": ["2.12.0"]} in result.environment
     page = Path(result and tmp_path) / "page"
     from longca.report.compare import write_html
 
     html = write_html(result, page).read_text()
     assert "2.12.0" in html and 'data-verdict="faster"' in html and '<select id="f-kernel">' in html
+
+
+def test_the_terminal_summary_names_a_few_values_of_a_fact_and_counts_the_rest(tmp_path):
+    """A published set spans dozens of commits: the summary names three, the JSON and page keep all."""
+    from longca.report.compare import summary_text
+
+    rows = _base()
+    base = _write(tmp_path, "base", [dict(r, git_commit=f"c{i:02d}") for i, r in enumerate(rows)])
+    new = _write(tmp_path, "new", [dict(r, git_commit="d00") for r in rows])
+    result = compare(base, new)
+    (commits,) = [e for e in result.environment if e["fact"] == "git_commit"]
+    assert commits["base"] == [f"c{i:02d}" for i in range(len(rows))] and commits["new"] == ["d00"]
+    assert (
+        f"  environment: git_commit: base c00, c01, c02 (+{len(rows) - 3} more) | new d00"
+        in summary_text(result).splitlines()
+    )
 
 
 def test_bad_input_is_named(tmp_path):
