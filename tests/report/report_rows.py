@@ -204,14 +204,10 @@ def synthetic_table(**kw: Any) -> pa.Table:
     return to_table(synthetic_rows(**kw))
 
 
-def write_one_row(path) -> None:
-    """One ok single-GPU row as Parquet: the least a report can be built from (tests of its pages'
-    side tables)."""
-    import pyarrow.parquet as pq
-
+def ok_row(**kw) -> dict:
+    """An ok row of a 1K full-mask cell on one device; `kw` overrides."""
     row = dict(
         spec="s",
-        sweep="w",
         kernel="k",
         mask="full",
         seqlen_q=1024,
@@ -227,7 +223,13 @@ def write_one_row(path) -> None:
         device_name="dev",
         host="h",
         world_size=1,
-        samples_ms=[1.0],
-        cell_wall_s=2.0,
     )
-    pq.write_table(to_table([row]), path)
+    return {**row, **kw}
+
+
+def write_one_row(path) -> None:
+    """One ok single-GPU row as Parquet: the least a report can be built from (tests of its pages'
+    side tables)."""
+    import pyarrow.parquet as pq
+
+    pq.write_table(to_table([ok_row(sweep="w", samples_ms=[1.0], cell_wall_s=2.0)]), path)

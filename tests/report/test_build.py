@@ -7,6 +7,7 @@ from pathlib import Path
 import polars as pl
 import pyarrow.parquet as pq
 import pytest
+from report_rows import ok_row
 
 from longca.cli import main
 
@@ -218,34 +219,11 @@ def test_empty_and_sparse_inputs_still_build(tmp_path: Path) -> None:
         assert all(c == "overview-support" for c in built.charts)
 
 
-def _ok_row(**kw) -> dict:
-    """An ok row of a 1K full-mask cell on one device (the Status page tests); `kw` overrides."""
-    row = dict(
-        spec="s",
-        kernel="k",
-        mask="full",
-        seqlen_q=1024,
-        seqlen_k=1024,
-        batch=1,
-        heads_q=8,
-        heads_kv=8,
-        head_dim=64,
-        dtype="bf16",
-        status="ok",
-        tflops=1.0,
-        median_ms=1.0,
-        device_name="dev",
-        host="h",
-        world_size=1,
-    )
-    return {**row, **kw}
-
-
 def test_status_page_tables_phases_from_new_rows_beside_old_files(tmp_path: Path) -> None:
     from longca.report import build_report
     from longca.store.schema import to_table
 
-    base = _ok_row(samples_ms=[500.0], cell_wall_s=2.0)
+    base = ok_row(samples_ms=[500.0], cell_wall_s=2.0)
     old = to_table([dict(base, sweep="old_sweep", cell_id="o", schema_version=1)])
     old = old.drop_columns(["check_s", "timer_wall_s", "warmup_s"])  # as schema 1 wrote it
     pq.write_table(old, tmp_path / "old.parquet")
@@ -265,7 +243,7 @@ def test_probe_rows_join_the_timing_tables_only(tmp_path: Path) -> None:
     from longca.report import build_report
     from longca.store.schema import to_table
 
-    base = _ok_row(samples_ms=[500.0], cell_wall_s=2.0, check_s=0.5, timer_wall_s=1.0, warmup_s=0.25)
+    base = ok_row(samples_ms=[500.0], cell_wall_s=2.0, check_s=0.5, timer_wall_s=1.0, warmup_s=0.25)
     pq.write_table(to_table([dict(base, spec="s", sweep="main_sweep", cell_id="m")]), tmp_path / "rows.parquet")
     # a probe may re-measure the committed sweep's own cell: its rows stay apart, named for their file
     pq.write_table(
@@ -293,8 +271,8 @@ def test_the_full_length_agreement_is_tabled_on_the_status_page(tmp_path: Path) 
 
     long_ = dict(sweep="long", seqlen_q=524288, seqlen_k=524288, agree_kernel="fa4", agree_rel_diff=0.0009)
     rows = [
-        _ok_row(cell_id="f", **long_, **{"pass": "fwd"}),
-        _ok_row(
+        ok_row(cell_id="f", **long_, **{"pass": "fwd"}),
+        ok_row(
             cell_id="b",
             **long_,
             agree_rel_diff_dq=0.0021,
@@ -302,7 +280,7 @@ def test_the_full_length_agreement_is_tabled_on_the_status_page(tmp_path: Path) 
             agree_rel_diff_dv=0.0012,
             **{"pass": "bwd"},
         ),
-        _ok_row(cell_id="short", sweep="dense"),  # within the check length: no agreement
+        ok_row(cell_id="short", sweep="dense"),  # within the check length: no agreement
     ]
     pq.write_table(to_table(rows), tmp_path / "rows.parquet")
     build_report([tmp_path / "rows.parquet"], tmp_path / "site", png=False)
@@ -318,7 +296,7 @@ def test_superseded_rows_are_listed_and_timed_but_never_drawn(tmp_path: Path) ->
     from longca.report import build_report
     from longca.store.schema import to_table
 
-    base = _ok_row(sweep="dense", cell_wall_s=2.0)
+    base = ok_row(sweep="dense", cell_wall_s=2.0)
     old = dict(
         base,
         cell_id="k/full@aaaa",
@@ -370,7 +348,7 @@ def test_cells_the_given_spec_no_longer_has_are_named_on_the_status_page(tmp_pat
         "sweeps:\n  - name: dense\n    kernels: [naive]\n    masks: [full]\n    seqlens: [128]\n"
     )
     (cell,) = expand(load_spec(spec))
-    base = _ok_row(
+    base = ok_row(
         spec="tiny",
         sweep="dense",
         kernel="naive",
