@@ -545,7 +545,9 @@ def choose_chart(best: pl.DataFrame, kernels: Sequence[str]) -> ChartSpec | None
         machines=machines,
         query="fastest ok single-device softmax kernel per mask, length, heads, head dim, dtype, pass",
         caption="Pick heads, head dim, dtype and pass above. Each square: the fastest kernel that ran (ok) at that "
-        "mask and length, its TFLOP/s (exact mask area) and its lead over the runner-up in per cent ('alone': "
+        "mask and length at eager time (each call launched from Python, as every kernel was measured; the mask "
+        "pages draw kernel time, from CUDA-graph replays, where a cell has it), its TFLOP/s (exact mask area) "
+        "and its lead over the runner-up in per cent ('alone': "
         "no other kernel ran there; '~': the 95% intervals of the two medians overlap, so the lead is within "
         f"the timing noise); the tooltip names the runner-up, both intervals{ceiling}, the command that measures "
         "the cell again and the commit it was measured at. Click a square for the mask's page.",
