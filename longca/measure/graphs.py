@@ -74,6 +74,24 @@ def capture(
             outputs = [t for t in tree_leaves(fn()) if isinstance(t, torch.Tensor)]
     except Exception as exc:  # the capture ended with the exception: the stream is usable again
         torch.cuda.synchronize(device)
+        del graph
+        _end_generator_capture(device)
         return None, f"not capturable in a CUDA graph: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
     torch.cuda.synchronize(device)
     return Captured(graph, outputs, device), None
+
+
+def _end_generator_capture(device: torch.device) -> None:
+    """A capture that fails leaves the device's default random generator in capture mode (PyTorch
+    ends it only when a capture completes), and every later draw from it then fails ("Offset
+    increment outside graph capture encountered unexpectedly": seen on an H100 with torch 2.11, in
+    the next test's torch.randn; Inductor's autotuning draws its inputs from it). One trivial
+    capture that completes ends it."""
+    side = torch.cuda.Stream(device)
+    scratch = torch.zeros(1, device=device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        scratch.add_(1)
+    torch.cuda.synchronize(device)
+    graph.reset()

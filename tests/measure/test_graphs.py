@@ -38,6 +38,7 @@ def test_a_call_that_synchronises_with_the_host_is_not_captured():
     captured, reason = capture(lambda: x.sum().item(), dev)
     assert captured is None and reason.startswith("not capturable in a CUDA graph: ")
     assert (x + 1).sum().item() == 8  # the device is usable after the failed capture
+    assert torch.randn(4, device=dev).isfinite().all()  # and its default generator out of capture mode
 
 
 @needs_cuda
