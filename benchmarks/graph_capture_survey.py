@@ -2,12 +2,13 @@
 
 Runs single cells through longca's one cell runner (`longca.run.cell.run_cell`) on a CUDA device
 with `repeat.graph: true`, for each kernel and pass asked for, and prints one JSON line per row:
-the eager median, the replayed median (or `graph_reason`: why there is none) and their ratio. A
+the eager median, the replayed median (or `graph_reason`: why there is none) and their ratio;
+with `--out`, the same lines go to that file too (libraries print to stdout as they compile). A
 survey before a sweep relies on the capture (its cells record the same columns), on any card: it
 names no GPU model.
 
     python benchmarks/graph_capture_survey.py --kernels fa4,flex_fa4,cudnn_flex,flex,sdpa_cudnn \
-        --masks causal,causal_document --seqlens 1K,4K --passes fwd,bwd
+        --masks causal,causal_document --seqlens 1K,4K --passes fwd,bwd --out survey.jsonl
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--passes", default="fwd,bwd", help="comma-separated passes (default fwd,bwd)")
     p.add_argument("--heads", default="64:8", help="heads q:kv (default 64:8)")
     p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--out", help="also write the JSON lines to this file")
     args = p.parse_args(argv)
+    out = open(args.out, "w", encoding="utf-8") if args.out else None  # noqa: SIM115 - open for the whole run
     spec = load_spec(
         text=f"""
 name: graph-capture-survey
@@ -67,6 +70,11 @@ sweeps: [{{name: survey}}]
                 "reason": row.get("reason"),
             }
             print(json.dumps(line), flush=True)
+            if out is not None:
+                out.write(json.dumps(line) + "\n")
+                out.flush()
+    if out is not None:
+        out.close()
     return 0
 
 
