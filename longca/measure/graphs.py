@@ -21,6 +21,10 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 WARMUP = 3  # calls on the side stream before capture (lazy initialisation, autotuning, compile)
+# Captures tried per call: the first backward capture of a process failed on both an H100 and the
+# H200 ("operation failed due to a previous error during capture": cuDNN SDPA's, FA4's), where the
+# same kernels' later captures succeeded, so a failure is tried once more before it is the call's.
+ATTEMPTS = 2
 
 
 class Captured:
@@ -56,29 +60,34 @@ def capture(
     fn: Callable[[], object], device: torch.device, prepare: Callable[[], object] | None = None
 ) -> tuple[Captured | None, str | None]:
     """(captured call, None), or (None, why not): the reason names the exception the capture
-    raised, or the device that has no CUDA graphs. `prepare()`, if given, runs once before the
-    warm-up on the stream the capture uses, neither timed nor captured (a backward's forward)."""
+    raised (in the last of ATTEMPTS), or the device that has no CUDA graphs. `prepare()`, if given,
+    runs before each attempt's warm-up on the stream the capture uses, neither timed nor captured
+    (a backward's forward)."""
     if device.type != "cuda":
         return None, f"no CUDA graphs on {device.type}"
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.stream(side):
-            if prepare is not None:
-                prepare()
-            for _ in range(WARMUP):
-                fn()
-        torch.cuda.current_stream(device).wait_stream(side)
-        with torch.cuda.graph(graph, stream=side):
-            outputs = [t for t in tree_leaves(fn()) if isinstance(t, torch.Tensor)]
-    except Exception as exc:  # the capture ended with the exception: the stream is usable again
+    reason = None
+    for _ in range(ATTEMPTS):
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.stream(side):
+                if prepare is not None:
+                    prepare()
+                for _ in range(WARMUP):
+                    fn()
+            torch.cuda.current_stream(device).wait_stream(side)
+            with torch.cuda.graph(graph, stream=side):
+                outputs = [t for t in tree_leaves(fn()) if isinstance(t, torch.Tensor)]
+        except Exception as exc:  # the capture ended with the exception: the stream is usable again
+            torch.cuda.synchronize(device)
+            del graph
+            _end_generator_capture(device)
+            reason = f"not capturable in a CUDA graph: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
+            continue
         torch.cuda.synchronize(device)
-        del graph
-        _end_generator_capture(device)
-        return None, f"not capturable in a CUDA graph: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
-    torch.cuda.synchronize(device)
-    return Captured(graph, outputs, device), None
+        return Captured(graph, outputs, device), None
+    return None, reason
 
 
 def _end_generator_capture(device: torch.device) -> None:
