@@ -582,8 +582,9 @@ def run_cell(
 
 @dataclass
 class GraphPass:
-    """What a CUDA graph captures of a cell's pass: `call` (after `prepare`, run once on the capture
-    stream), and `expected()`, what a replay must reproduce (the eager calls' results)."""
+    """What a CUDA graph captures of a cell's pass: `call` (after `prepare`, run on the capture
+    stream before it and never captured), and `expected()`, what a replay must reproduce (the eager
+    calls' results); `release()` drops what `prepare` kept."""
 
     call: Callable[[], Any]
     expected: Callable[[], list[torch.Tensor]]
