@@ -65,17 +65,25 @@ def _union_polars(files: list[str]):
 
 
 def _union_arrow(files: list[str]):
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from longca.store.schema import SCHEMA, conform
+    from longca.store.schema import SCHEMA
 
     if not files:
         return SCHEMA.empty_table()
     # ParquetFile.read, not pq.read_table: the latter builds a dataset per file (twice the time)
     with ThreadPoolExecutor(max_workers=_IO_THREADS) as pool:  # reads release the GIL
-        tables = list(pool.map(lambda f: _schema_zones(pq.ParquetFile(f).read()), files))
-    table = pa.concat_tables(tables, promote_options="permissive")
+        return _union_tables(list(pool.map(lambda f: pq.ParquetFile(f).read(), files)))
+
+
+def _union_tables(tables: list):
+    """The tables as one, by column name, in the aggregate's row order: the schema's time zone on
+    its timestamp columns, and its column order and types where every column is the schema's."""
+    import pyarrow as pa
+
+    from longca.store.schema import SCHEMA, conform
+
+    table = pa.concat_tables([_schema_zones(t) for t in tables], promote_options="permissive")
     if set(table.column_names) <= set(SCHEMA.names):  # the schema's column order and types, as Polars gives
         table = conform(table)
     return table.sort_by([(c, "ascending") for c in _ORDER if c in table.column_names])
@@ -106,7 +114,6 @@ def keep_rows_outside(new_file: str | Path, old_file: str | Path) -> int:
     returns how many. An aggregate holds only its spec's current cells; this keeps an earlier
     aggregate's other rows (cells that left the spec, or cells measured again under a changed
     protocol, whose new digests are in `new_file`) instead of losing them when it is replaced."""
-    import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
@@ -115,7 +122,7 @@ def keep_rows_outside(new_file: str | Path, old_file: str | Path) -> int:
     new, old = pq.read_table(new_file), pq.read_table(old_file)
     kept = old.filter(pc.invert(pc.is_in(old["cell_digest"], value_set=new["cell_digest"])))
     if kept.num_rows:  # older rows lack the columns a later schema added: nulls there
-        write_table(new_file, pa.concat_tables([new, kept], promote_options="permissive"), level=PUBLISHED_ZSTD_LEVEL)
+        write_table(new_file, _union_tables([new, kept]), level=PUBLISHED_ZSTD_LEVEL)
     return kept.num_rows
 
 
@@ -145,7 +152,7 @@ def move_cells(src: str | Path, dst: str | Path, where: str) -> tuple[int, int]:
     if not moved.num_rows:
         return 0, 0
     parts = ([pq.read_table(dst)] if Path(dst).exists() else []) + [moved]
-    write_table(dst, pa.concat_tables(parts, promote_options="permissive"), level=PUBLISHED_ZSTD_LEVEL)
+    write_table(dst, _union_tables(parts), level=PUBLISHED_ZSTD_LEVEL)  # the aggregate's union: time zones
     write_table(src, table.filter(pc.invert(chosen)), level=PUBLISHED_ZSTD_LEVEL)
     return moved.num_rows, len(digests)
 

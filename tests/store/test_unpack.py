@@ -123,3 +123,28 @@ def test_move_cells_takes_every_row_of_a_matching_cell_out_of_the_aggregate(tmp_
     assert move_cells(src, dst, "median_ms < 1") == (0, 0)  # nothing left to move: nothing written
     with pytest.raises(ValueError, match="not a predicate over"):
         move_cells(src, dst, "no_such_column > 1")
+
+
+def test_move_cells_joins_a_table_whose_timestamps_another_tool_wrote(tmp_path: Path) -> None:
+    """The re-run table may hold DuckDB's `Etc/UTC` timestamps (the schema's zone under another name):
+    the moved rows join it by the aggregate's union, in the schema's zone."""
+    from datetime import UTC, datetime
+
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from longca.store.aggregate import move_cells
+    from longca.store.schema import SCHEMA
+
+    when = datetime(2026, 12, 5, 21, 48, tzinfo=UTC)
+    src, dst = tmp_path / "all.parquet", tmp_path / "reruns.parquet"
+    write_rows(src, [store_row("a", timestamp=when), store_row("b", timestamp=when)])
+    written = pq.read_table(src)
+    old = written.filter(pc.equal(written["cell_digest"], "b"))
+    i = old.schema.get_field_index("timestamp")
+    pq.write_table(old.set_column(i, "timestamp", old.column(i).cast(pa.timestamp("us", tz="Etc/UTC"))), dst)
+    assert move_cells(src, dst, "cell_digest = 'a'") == (1, 1)
+    table = pq.read_table(dst)
+    assert table.schema.field("timestamp").type == SCHEMA.field("timestamp").type
+    assert sorted(table.column("cell_digest").to_pylist()) == ["a", "b"]
+    assert table.column("timestamp").to_pylist() == [when, when]
