@@ -33,6 +33,14 @@ class Status(StrEnum):
     INCORRECT = "incorrect"
 
 
+class Time(StrEnum):
+    """Which time a report's throughput is at: the kernel's (the cell's pass replayed from a CUDA
+    graph, no host launch time, where it was captured; eager elsewhere) or the eager call's."""
+
+    KERNEL = "kernel"
+    EAGER = "eager"
+
+
 class Verdict(StrEnum):
     """What `longca compare` says of one cell (longca.report.compare)."""
 

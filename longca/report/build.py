@@ -38,6 +38,7 @@ from longca.report.charts import ChartSpec
 from longca.report.pages import Page, Table
 from longca.report.repro import with_repro
 from longca.store.write import PUBLISHED_ZSTD_LEVEL, write_table
+from longca.vocab import Time
 
 
 @dataclass
@@ -157,10 +158,26 @@ def _overview(
 
 
 def _choose_page(
-    c: pl.DataFrame, ceiling: pl.DataFrame | None, kernels: list[str], moves: leases.BetweenRuns | None
+    c: pl.DataFrame,
+    ceiling: pl.DataFrame | None,
+    kernels: list[str],
+    moves: leases.BetweenRuns | None,
+    replayed: leases.BetweenRuns | None = None,
 ) -> Page:
+    """The first page: the fastest kernel per mask and length for a shape, ranked at kernel time and
+    at eager time (a button switches), each lead judged by the moves between runs of its time."""
     page = Page("index.html", "Choose", "Which kernel for my shape?")
-    best = queries.choose(c, ceiling, moves.p95_at(pl.col("median_ms")) if moves else 0.0)
+    ranked = []
+    # kernel time only where some cell was replayed (never on a CPU, which has no CUDA graphs)
+    replays = c.filter(pl.col("timing") == "graph replay").height > 0
+    for at in Time if replays else [Time.EAGER]:
+        cells = queries.at_time(c, at)
+        move = leases.move_at(at, moves, replayed)
+        if at == Time.KERNEL and moves is not None:  # the tooltips' re-run interval, at kernel time
+            low, high = leases.rerun_interval(move, pl.col("tflops"), pl.col("tflops_ci_low"), pl.col("tflops_ci_high"))
+            cells = cells.with_columns(low.alias("tflops_rerun_low"), high.alias("tflops_rerun_high"))
+        ranked.append(queries.choose(cells, ceiling, move))
+    best = pl.concat(ranked, how="diagonal_relaxed")
     page.p(
         "Pick the attention shape you train with; every mask and length then shows the fastest kernel "
         "measured there. Further pages: every kernel per mask (Masks), block-sparse (Sparse), context "
@@ -174,10 +191,16 @@ def _choose_page(
             "note",
         )
     else:
+        replay_note = (
+            f" At kernel time a replayed runner-up's interval is widened by the moves of replayed pairs instead: "
+            f"{replayed.sentence()}."
+            if replayed is not None
+            else " No cell was replayed in two runs, so at kernel time too the eager moves apply."
+        )
         page.p(
             f"A margin marked ~ lies inside the two kernels' 95% intervals, widened, where the two ran in "
             f"different runs, by the move measured between runs of the same cells at the runner-up's time "
-            f"scale: {moves.sentence()}. "
+            f"scale: {moves.sentence()}.{replay_note} "
             f"Every tooltip gives a cell's 95% interval of its own run (tflops_ci_low, tflops_ci_high) and its "
             f"re-run interval (tflops_rerun_low, tflops_rerun_high): the first widened to its time scale's move, "
             f"where a re-run on another machine lease should land.",
@@ -930,16 +953,17 @@ def build_report(
     timings["load+cells"] = time.perf_counter() - t0
 
     kernels = c.get_column("kernel").drop_nulls().unique().to_list()
-    moves = None
+    moves = replayed = None
     if reruns:
         _, earlier = load.read_rows([Path(p) for p in reruns])
         moves = leases.between_runs(rows, earlier)
+        replayed = leases.between_runs(rows, earlier, time=Time.KERNEL)
     if moves is not None:  # every drawn cell's re-run interval beside its own (tooltips)
         low, high = leases.rerun_interval(
             moves.p95_at(pl.col("median_ms")), pl.col("tflops"), pl.col("tflops_ci_low"), pl.col("tflops_ci_high")
         )
         c = c.with_columns(low.alias("tflops_rerun_low"), high.alias("tflops_rerun_high"))
-    choose = _choose_page(c, ceiling, kernels, moves)
+    choose = _choose_page(c, ceiling, kernels, moves, replayed)
     overview, _ = _overview(c, rows, spec_name, stale)
     family = _family_pages(c, peer, local)
     mask_pages = _mask_pages(c, peers.for_masks(peer), kernels)

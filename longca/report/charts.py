@@ -16,6 +16,7 @@ import polars as pl
 
 from longca.report import queries
 from longca.report.repro import repro_expression
+from longca.vocab import Time
 
 W, H = 260, 180
 DATASET = "rows"
@@ -160,6 +161,8 @@ _DRAWN = {
     "runner_up_tflops",
     "margin",
     "kernels",
+    "kernels_eager_only",
+    "time",
     "pct_matmul",
     "lead_clear",
     "runner_up_tflops_ci_high",
@@ -417,8 +420,8 @@ def mask_metric(
 SHOWN = "tflops_shown"
 TIME_PARAM = alt.param(
     name="time",
-    value="kernel",
-    bind=alt.binding_radio(options=["kernel", "eager"], labels=["kernel time", "eager time"], name="time: "),
+    value=str(Time.KERNEL),
+    bind=alt.binding_radio(options=[str(t) for t in Time], labels=[f"{t} time" for t in Time], name="time: "),
 )
 TIME_NOTE = (
     " TFLOP/s at kernel time by default: cells replayed from a CUDA graph where their pass could be"
@@ -429,7 +432,7 @@ TIME_NOTE = (
 
 def _shown_time(make: Callable[[alt.Chart], alt.Chart]) -> Callable[[alt.Chart], alt.Chart]:
     """A layer that draws `tflops_shown*`: the kernel-time or eager columns, as the `time` buttons say."""
-    pick = "time == 'kernel'"
+    pick = f"time == '{Time.KERNEL}'"
 
     def shown(base: alt.Chart) -> alt.Chart:
         return make(
@@ -466,9 +469,13 @@ CHOOSE_ALL = "all"
 def choose_chart(best: pl.DataFrame, kernels: Sequence[str]) -> ChartSpec | None:
     """The first page: per mask x length, the fastest kernel for the shape picked in the dropdowns
     (heads, head dim, dtype, pass), its TFLOP/s, its margin over the runner-up, and (with a measured
-    matmul ceiling) its share of that rate; each cell links to the mask's page."""
+    matmul ceiling) its share of that rate; each cell links to the mask's page. Where `best` holds
+    rankings at both times (its `time` column, queries.at_time), the `time` buttons pick one, kernel
+    time first."""
     if best.is_empty():
         return None
+    times = set(best.get_column("time")) if "time" in best.columns else set()
+    at_kernel = pl.col("time") == str(Time.KERNEL) if times else pl.lit(False)
     has_ceiling = "pct_matmul" in best.columns
     sparse = pl.col("mask").is_in(queries.SPARSE_MASKS)
     df = best.with_columns(
@@ -478,6 +485,8 @@ def choose_chart(best: pl.DataFrame, kernels: Sequence[str]) -> ChartSpec | None
         label=pl.concat_str(
             [
                 pl.col("kernel"),
+                # "*": at kernel time, some kernel here has only an eager time (measured without a capture)
+                pl.when(at_kernel & (pl.col("kernels_eager_only") > 0)).then(pl.lit(" *")).otherwise(pl.lit("")),
                 pl.lit("\n"),
                 pl.col("tflops").round(0).cast(pl.Int64).cast(pl.String),
                 pl.when(pl.col("margin").is_null())
@@ -520,17 +529,27 @@ def choose_chart(best: pl.DataFrame, kernels: Sequence[str]) -> ChartSpec | None
     layered = alt.layer(rect, text, data=alt.NamedData(name=DATASET)).properties(
         width=alt.Step(92), height=alt.Step(34)
     )
+    both = len(times) > 1
     chart = (
         layered.facet(
             row=alt.Row("pass:N", title=None, sort=passes, header=alt.Header(labelAngle=0, labelAlign="left"))
         )
-        .add_params(p_heads, p_dim, p_dtype, p_pass)
+        .add_params(p_heads, p_dim, p_dtype, p_pass, *([TIME_PARAM] if both else []))
         .transform_filter(
             f"datum.heads == heads && datum.head_dim == head_dim && datum.dtype == dtype"
-            f" && (pass_ == '{CHOOSE_ALL}' || datum.pass == pass_)"
+            f" && (pass_ == '{CHOOSE_ALL}' || datum.pass == pass_)" + (" && datum.time == time" if both else "")
         )
     )
     machines = queries.machines(df)
+    if both:
+        at_time = (
+            "at kernel time by default (its pass replayed from a CUDA graph where it was captured, no host "
+            "launch time; eager time elsewhere: the tooltip's timing says which; '*': some kernel there has only "
+            "an eager time, measured without a capture, and competes at it), at eager time (each call launched "
+            "from Python) with the time buttons; the two can rank kernels differently"
+        )
+    else:
+        at_time = f"at {next(iter(times), Time.EAGER)} time"
     ceiling = (
         " and its share of the device's measured matrix-product rate in the same dtype (`pct_matmul`)"
         if has_ceiling
@@ -545,8 +564,7 @@ def choose_chart(best: pl.DataFrame, kernels: Sequence[str]) -> ChartSpec | None
         machines=machines,
         query="fastest ok single-device softmax kernel per mask, length, heads, head dim, dtype, pass",
         caption="Pick heads, head dim, dtype and pass above. Each square: the fastest kernel that ran (ok) at that "
-        "mask and length at eager time (each call launched from Python, as every kernel was measured; the mask "
-        "pages draw kernel time, from CUDA-graph replays, where a cell has it), its TFLOP/s (exact mask area) "
+        f"mask and length {at_time}, its TFLOP/s (exact mask area) "
         "and its lead over the runner-up in per cent ('alone': "
         "no other kernel ran there; '~': the 95% intervals of the two medians overlap, so the lead is within "
         f"the timing noise); the tooltip names the runner-up, both intervals{ceiling}, the command that measures "

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from longca.vocab import Status
+from longca.vocab import Status, Time
 
 _KEYS = ("cell_digest", "mask_sample")
 
@@ -106,18 +106,24 @@ def _p95(d: list[float]) -> float:
     return d[max(0, math.ceil(0.95 * len(d)) - 1)]
 
 
-def between_runs(*frames: pl.DataFrame) -> BetweenRuns | None:
+# the median each time is measured by: the eager call's, or the CUDA-graph replay's
+_MEDIAN_AT = {Time.EAGER: "median_ms", Time.KERNEL: "graph_median_ms"}
+
+
+def between_runs(*frames: pl.DataFrame, time: Time = Time.EAGER) -> BetweenRuns | None:
     """Pairs of ok rows of one cell and draw from two different runs (`run_id`) among the rows of
     `frames` (e.g. the published rows and the earlier runs of some of their cells), and the spread of
-    how far apart their medians are (max / min - 1); None without any such pair."""
-    need = {"run_id", "median_ms", "status", "mask_sample"}
+    how far apart their medians are (max / min - 1); None without any such pair. At `Time.KERNEL`
+    the medians are the graph replays' (`graph_median_ms`): only pairs replayed in both runs count."""
+    median = _MEDIAN_AT[time]
+    need = {"run_id", median, "status", "mask_sample"}
     frames = tuple(
         f.select(
             # a cell is its digest; rows without one (written before digests) by their cell id
             pl.coalesce([pl.col(c) for c in ("cell_digest", "cell_id") if c in f.columns]).alias("cell_digest"),
             pl.col("mask_sample").fill_null(0),
             "run_id",
-            "median_ms",
+            pl.col(median).alias("median_ms"),
             "status",
         )
         for f in frames
@@ -157,6 +163,21 @@ def between_runs(*frames: pl.DataFrame) -> BetweenRuns | None:
         p95=float(_p95(d)),
         scales=tuple(scales),
     )
+
+
+def move_at(time: Time, eager: BetweenRuns | None, replayed: BetweenRuns | None) -> float | pl.Expr:
+    """Per cell drawn at `time` (queries.at_time), the move between runs its median is widened by,
+    read on its own row: at eager time its eager median's scale in `eager`; at kernel time a replayed
+    cell's (`timing` "graph replay") its replay median's scale in `replayed`, where replays were
+    paired at all, else (every other cell, or no replayed pair) its eager median's. 0 where no move
+    was measured (`eager` None)."""
+    if eager is None:
+        return 0.0
+    at_eager = eager.p95_at(pl.col("median_ms"))
+    if time == Time.EAGER or replayed is None:
+        return at_eager
+    replay = pl.col("timing") == "graph replay"
+    return pl.when(replay).then(replayed.p95_at(pl.col("graph_median_ms"))).otherwise(at_eager)
 
 
 def rerun_interval(p95: float | pl.Expr, median: pl.Expr, low: pl.Expr, high: pl.Expr) -> tuple[pl.Expr, pl.Expr]:

@@ -14,6 +14,7 @@ import polars as pl
 
 from longca.measure.stats import LONG_CALL_MS, min_samples, ranks
 from longca.report.repro import selection_columns, with_selection_repro
+from longca.vocab import Time
 
 SPARSE_MASKS = ("block_sparse", "variable_block_sparse")
 FAILED = ("error", "incorrect", "timeout")
@@ -91,6 +92,8 @@ _MEDIAN = (
     "graph_median_ms",
     "tflops_ci_low",
     "tflops_ci_high",
+    "tflops_kernel_ci_low",
+    "tflops_kernel_ci_high",
     "tokens_per_s",
     "median_ms",
     "p20_ms",
@@ -177,6 +180,15 @@ def derive(rows: pl.DataFrame) -> pl.DataFrame:
             tflops_kernel=pl.coalesce(
                 pl.col("tflops") * pl.col("median_ms") / pl.col("graph_median_ms"), pl.col("tflops")
             ),
+            # and its interval: the replay's where there is one (the eager one's ends otherwise)
+            tflops_kernel_ci_low=pl.coalesce(
+                pl.col("tflops") * pl.col("median_ms") / pl.col("graph_ci_high_ms"),
+                pl.col("tflops") * pl.col("median_ms") / pl.col("ci_high_ms"),
+            ),
+            tflops_kernel_ci_high=pl.coalesce(
+                pl.col("tflops") * pl.col("median_ms") / pl.col("graph_ci_low_ms"),
+                pl.col("tflops") * pl.col("median_ms") / pl.col("ci_low_ms"),
+            ),
         )
     )
 
@@ -221,6 +233,11 @@ def outside_spec(rows: pl.DataFrame, spec_name: str, digests: set[str]) -> pl.Da
     )
 
 
+# the `graph_reason` of rows longca timed eagerly without trying a capture: backward cells measured
+# before the backward capture existed, context-parallel cells (their collectives)
+GRAPH_NOT_TRIED = "timed eagerly only"
+
+
 def cells(rows: pl.DataFrame) -> pl.DataFrame:
     """One row per (cell, machine): descriptive fields, medians over samples, the worst status."""
     d = derive(rows)
@@ -242,6 +259,7 @@ def cells(rows: pl.DataFrame) -> pl.DataFrame:
             .then(pl.lit("graph replay"))
             .otherwise(pl.lit("eager"))
             .alias("timing"),
+            pl.col("graph_reason").drop_nulls().first().alias("graph_reason"),
             pl.col("status_rank").max().alias("worst"),
             (pl.col("status") == "ok").all().alias("all_ok"),
             pl.len().alias("rows"),
@@ -253,6 +271,12 @@ def cells(rows: pl.DataFrame) -> pl.DataFrame:
         .with_columns(
             status=pl.col("worst").replace_strict(_RANK_STATUS, return_dtype=pl.String),
             peak_mem_gib=pl.col("peak_mem_bytes") / 2**30,
+            # whether `tflops_kernel` is the kernel's time: a replay, or an eager time the protocol
+            # kept as kernel time (a call too long for launches to matter; a pass that could not be
+            # captured, whose launches a user capturing graphs pays too). Not so for cells measured
+            # without `repeat.graph`, or eagerly only by a reason of longca's (GRAPH_NOT_TRIED).
+            kernel_timed=(pl.col("timing") == "graph replay")
+            | (pl.col("graph_reason").is_not_null() & ~pl.col("graph_reason").str.contains(GRAPH_NOT_TRIED)),
         )
         .drop("worst")
         # the same rows in any file order give the same tables, chart data and downloads
@@ -350,6 +374,29 @@ def _same_run() -> pl.Expr:
     return (one & (pl.col("run_ids") == pl.col("runner_up_run_ids"))).fill_null(False)
 
 
+# the columns a cell's TFLOP/s is drawn from, and where kernel time keeps the same figure
+_AT_KERNEL_TIME = {
+    "tflops": "tflops_kernel",
+    "tflops_ci_low": "tflops_kernel_ci_low",
+    "tflops_ci_high": "tflops_kernel_ci_high",
+    "tflops_draw_low": "tflops_kernel_draw_low",
+    "tflops_draw_high": "tflops_kernel_draw_high",
+}
+
+
+def at_time(c: pl.DataFrame, at: Time) -> pl.DataFrame:
+    """Cells with `tflops` (its 95% interval, its spread over draws) at kernel or eager time, and a
+    `time` column saying which: at kernel time a cell whose pass was replayed from a CUDA graph takes
+    the replay's figures (its `timing` says so), any other cell keeps its eager ones. A re-run
+    interval of the other time (`tflops_rerun_*`) is dropped: it belongs to the eager figures."""
+    c = c.with_columns(time=pl.lit(str(at)))
+    if at == Time.EAGER:
+        return c
+    return c.drop("tflops_rerun_low", "tflops_rerun_high", strict=False).with_columns(
+        pl.col(kernel).alias(eager) for eager, kernel in _AT_KERNEL_TIME.items()
+    )
+
+
 CHOOSE_KEYS = ("mask_label", "seqlen_q", "heads", "head_dim", "dtype", "pass", "machine")
 
 
@@ -361,6 +408,10 @@ def choose(c: pl.DataFrame, ceilings: pl.DataFrame | None = None, between_runs: 
     different runs, not even with the runner-up's upper end raised by `between_runs` (how far one
     cell's median moves between runs, longca.report.leases: a number, or an expression on the
     runner-up's row such as `BetweenRuns.p95_at`), because each interval holds for its own run only.
+
+    Ranked by `tflops` as given: queries.at_time puts a time's figures there. `kernels_eager_only`:
+    how many of the square's kernels have no kernel time (`kernel_timed` false), so that at kernel
+    time they compete at eager time.
 
     The best kernel's own row fields stay (spec, sweep, cell id, commit: its repro command).
     `ceilings` (device_name, dtype, matmul_tflops): adds `pct_matmul`, the best TFLOP/s as a share
@@ -391,7 +442,12 @@ def choose(c: pl.DataFrame, ceilings: pl.DataFrame | None = None, between_runs: 
     best = (
         ranked.filter(pl.col("rank") == 1)
         .join(runner, on=keys, how="left")
-        .join(ranked.group_by(keys).agg(kernels=pl.len()), on=keys, how="left")  # how many ran there
+        # how many ran there, and how many of those have no kernel time (`kernel_timed`)
+        .join(
+            ranked.group_by(keys).agg(kernels=pl.len(), kernels_eager_only=(~pl.col("kernel_timed")).sum()),
+            on=keys,
+            how="left",
+        )
         .with_columns(
             margin=pl.col("tflops") / pl.col("runner_up_tflops") - 1.0,
             # the lead is clear when the two 95% intervals of the medians do not overlap, by the

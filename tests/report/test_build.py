@@ -436,3 +436,29 @@ def test_pages_beside_the_report_are_linked_only_when_they_exist(tmp_path: Path,
     assert '<a href="compare/index.html">A vs B</a>' in html and "--link" in html
     with pytest.raises(FileNotFoundError, match="no such file"):
         build_report([rows_path], tmp_path / "site", static_exports=False, links=[("missing.html", "gone")])
+
+
+def test_the_choose_page_ranks_replayed_cells_at_kernel_time_with_their_own_moves() -> None:
+    from report_rows import synthetic_table
+
+    from longca.report import build, leases, queries
+    from longca.vocab import Time
+
+    rows = pl.from_arrow(synthetic_table())
+    first = rows.with_columns(graph_median_ms=pl.col("median_ms") * 0.5)
+    again = first.with_columns(
+        run_id=pl.lit("run-before"),
+        median_ms=pl.col("median_ms") * 1.5,
+        graph_median_ms=pl.col("graph_median_ms") * 1.01,
+    )
+    moves, replayed = leases.between_runs(first, again), leases.between_runs(first, again, time=Time.KERNEL)
+    page = build._choose_page(queries.cells(first), None, [], moves, replayed)
+    texts = " ".join(b[1][0] for b in page.blocks if b[0] == "p")
+    assert "median moved by 50.0% (median)" in texts  # eager
+    assert "widened by the moves of replayed pairs instead: one cell's median moved by 1.0% (median)" in texts
+    chart = next(b[1] for b in page.blocks if b[0] == "chart")
+    assert {v["time"] for v in chart.values} == {"kernel", "eager"}
+    # without a replay (a CPU run) the page ranks at eager time only, and says so
+    plain = build._choose_page(queries.cells(rows), None, [], moves, None)
+    chart = next(b[1] for b in plain.blocks if b[0] == "chart")
+    assert {v["time"] for v in chart.values} == {"eager"} and "at eager time," in chart.caption

@@ -9,6 +9,7 @@ from altair.vegalite.v6.schema import load_schema
 from report_rows import synthetic_table
 
 from longca.report import charts, peers, queries
+from longca.vocab import Time
 
 
 @pytest.fixture(scope="module")
@@ -124,10 +125,39 @@ def test_choose_chart_names_best_runner_up_and_margin(cells: pl.DataFrame) -> No
     assert row["kernels"] == group.height
     spec = charts.choose_chart(best, sorted(cells.get_column("kernel").unique())).spec()
     params = {p["name"]: p for p in spec["params"]}
+    # one time only (no replays): no time buttons
     assert set(params) == {"heads", "head_dim", "dtype", "pass_"} and params["pass_"]["value"] == charts.CHOOSE_ALL
     assert {v["page"] for v in spec["datasets"][charts.DATASET]} <= {
         f"mask-{m}.html" for m in cells.get_column("mask").unique()
     } | {"sparse.html"}
+
+
+def test_choose_ranks_at_kernel_time_first_and_eager_time_one_click_away(cells: pl.DataFrame) -> None:
+    # one kernel replayed (its kernel time twice its eager throughput), the others never captured
+    fast = queries.choose(cells).drop_nulls("runner_up").get_column("runner_up")[0]
+    replayed = pl.col("kernel") == fast
+    c = cells.with_columns(
+        timing=pl.when(replayed).then(pl.lit("graph replay")).otherwise(pl.col("timing")),
+        kernel_timed=replayed,
+        **{
+            k: pl.when(replayed).then(pl.col(k) * 2).otherwise(pl.col(k))
+            for k in ("tflops_kernel", "tflops_kernel_ci_low", "tflops_kernel_ci_high")
+        },
+    )
+    best = pl.concat([queries.choose(queries.at_time(c, t)) for t in Time], how="diagonal_relaxed")
+    spec = charts.choose_chart(best, sorted(cells.get_column("kernel").unique())).spec()
+    validate_jsonschema(spec, load_schema())
+    params = {p["name"]: p for p in spec["params"]}
+    assert params["time"]["value"] == "kernel" and params["time"]["bind"]["options"] == ["kernel", "eager"]
+    assert "datum.time == time" in str(spec["transform"])
+    values = spec["datasets"][charts.DATASET]
+    assert {v["time"] for v in values} == {"kernel", "eager"}
+    # kernel time: "*" where a kernel of the square has no kernel time; eager time: never
+    marked = [v for v in values if v["label"].split("\n")[0].endswith(" *")]
+    assert marked and all(v["time"] == "kernel" and v["kernels_eager_only"] > 0 for v in marked)
+    wins = {t: sum(v["kernel"] == fast for v in values if v["time"] == t) for t in ("kernel", "eager")}
+    assert wins["kernel"] > wins["eager"]
+    assert "at kernel time by default" in charts.choose_chart(best, []).caption
 
 
 def test_choose_gives_the_share_of_a_measured_ceiling(cells: pl.DataFrame) -> None:

@@ -7,6 +7,7 @@ import pytest
 from report_rows import synthetic_table
 
 from longca.report import leases, queries
+from longca.vocab import Time
 
 
 def _rows(run: str, medians: dict[tuple[str, int], float], status: str = "ok") -> pl.DataFrame:
@@ -104,3 +105,28 @@ def test_the_rerun_interval_widens_a_rows_own_interval_to_the_move_between_runs(
     assert d.select(low.alias("low"), high.alias("high")).row(0) == (pytest.approx(500 / 1.05), pytest.approx(525.0))
     with pytest.raises(ValueError, match=r"p95 -0.1: allowed: a move of 0 or more"):
         leases.rerun_interval(-0.1, pl.col("m"), pl.col("lo"), pl.col("hi"))
+
+
+def test_kernel_time_pairs_replays_and_widens_replayed_cells_by_their_moves() -> None:
+    # 0.5 ms eager calls moved 1.6x between two runs (the host); their replays (0.1 ms) by 2%;
+    # cell c was replayed in one run only: no replayed pair
+    first = _rows("r1", {("a", 0): 0.5, ("b", 0): 0.5, ("c", 0): 0.5}).with_columns(
+        graph_median_ms=pl.Series([0.1, 0.1, None])
+    )
+    second = _rows("r2", {("a", 0): 0.8, ("b", 0): 0.8, ("c", 0): 0.8}).with_columns(
+        graph_median_ms=pl.Series([0.102, 0.102, 0.1])
+    )
+    eager = leases.between_runs(first, second)
+    replayed = leases.between_runs(first, second, time=Time.KERNEL)
+    assert (eager.pairs, eager.p95) == (3, pytest.approx(0.6))
+    assert (replayed.pairs, replayed.p95) == (2, pytest.approx(0.02))
+    assert leases.between_runs(first.drop("graph_median_ms"), second, time=Time.KERNEL) is None
+    # per cell at kernel time: a replayed cell by the replays' move, an eager one by the eager move
+    cells = pl.DataFrame({"timing": ["graph replay", "eager"], "median_ms": [0.5, 0.5], "graph_median_ms": [0.1, None]})
+    at_kernel = cells.select(leases.move_at(Time.KERNEL, eager, replayed)).to_series().to_list()
+    assert at_kernel == [pytest.approx(0.02), pytest.approx(0.6)]
+    at_eager = cells.select(leases.move_at(Time.EAGER, eager, replayed)).to_series().to_list()
+    assert at_eager == [pytest.approx(0.6)] * 2
+    no_replays = cells.select(leases.move_at(Time.KERNEL, eager, None)).to_series().to_list()
+    assert no_replays == [pytest.approx(0.6)] * 2
+    assert leases.move_at(Time.KERNEL, None, replayed) == 0.0

@@ -9,6 +9,7 @@ from report_rows import synthetic_table
 
 from longca.report import queries
 from longca.store.schema import to_table
+from longca.vocab import Time
 
 
 def _row(
@@ -773,3 +774,53 @@ def test_agreement_summarises_the_full_length_comparisons_per_kernel_pass_and_co
         1,
     )
     assert (none["rows"], none["lengths"], none["reason"]) == (1, "256K", "no second kernel serves this cell: fa4: no")
+
+
+def _timed(kernel: str, eager_ms: float, graph_ms: float | None = None, reason: str | None = None) -> dict[str, Any]:
+    """A 1 ms-per-TFLOP/s cell: 100 TFLOP/s at `eager_ms` 1.0, its replay (if any) at `graph_ms`."""
+    graph = {} if graph_ms is None else dict(graph_median_ms=graph_ms, graph_ci_low_ms=graph_ms * 0.99,
+                                             graph_ci_high_ms=graph_ms * 1.01)  # fmt: skip
+    return _row(kernel, tflops=100.0 / eager_ms, median_ms=eager_ms, ci_low_ms=eager_ms * 0.98,
+                ci_high_ms=eager_ms * 1.02, graph_reason=reason, **graph)  # fmt: skip
+
+
+def test_kernel_time_ranks_replays_and_marks_squares_with_eager_only_kernels() -> None:
+    # a's eager call is launch-bound (0.5 ms, its kernel 0.1 ms), b's is not (0.4 ms, replayed 0.38)
+    c = _cells([_timed("a", 0.5, 0.1), _timed("b", 0.4, 0.38)])
+    eager = queries.choose(queries.at_time(c, Time.EAGER)).row(0, named=True)
+    kernel = queries.choose(queries.at_time(c, Time.KERNEL)).row(0, named=True)
+    assert (eager["kernel"], eager["runner_up"], eager["time"]) == ("b", "a", "eager")
+    assert (kernel["kernel"], kernel["runner_up"], kernel["time"]) == ("a", "b", "kernel")
+    # the replay's figures and interval: 100 TFLOP/s at 1 ms, so 1000 at 0.1 ms (0.099-0.101)
+    assert kernel["tflops"] == pytest.approx(1000.0) and kernel["margin"] == pytest.approx(0.38 / 0.1 - 1)
+    assert (kernel["tflops_ci_low"], kernel["tflops_ci_high"]) == (
+        pytest.approx(1000 / 1.01),
+        pytest.approx(1000 / 0.99),
+    )
+    assert kernel["runner_up_tflops_ci_high"] == pytest.approx(100 / 0.38 / 0.99)
+    assert kernel["kernels_eager_only"] == 0 and kernel["timing"] == "graph replay"
+    # c was measured without a capture (an earlier protocol): at kernel time it competes at its eager time
+    c = _cells([_timed("a", 0.5, 0.1), _timed("c", 0.2)])
+    kernel = queries.choose(queries.at_time(c, Time.KERNEL)).row(0, named=True)
+    assert (kernel["kernel"], kernel["kernels_eager_only"]) == ("a", 1)
+
+
+@pytest.mark.parametrize(
+    ("graph_ms", "reason", "timed"),
+    [
+        (0.1, None, True),  # replayed
+        (None, "eager median 30 ms >= repeat.graph_below_ms 20: launch time is negligible", True),
+        (None, "not capturable in a CUDA graph: RuntimeError: x", True),  # users pay its launches too
+        (None, "backward cells are timed eagerly only (no capture of autograd's backward)", False),
+        (None, None, False),  # measured without repeat.graph
+    ],
+)
+def test_which_cells_have_a_kernel_time(graph_ms: float | None, reason: str | None, timed: bool) -> None:
+    c = _cells([_timed("a", 0.5, graph_ms, reason)])
+    assert c.item(0, "kernel_timed") is timed
+
+
+def test_context_parallel_cells_say_they_were_not_captured_in_the_words_the_report_reads() -> None:
+    from longca.run.ranks import CP_GRAPH_REASON
+
+    assert queries.GRAPH_NOT_TRIED in CP_GRAPH_REASON
