@@ -112,8 +112,12 @@ class Browser:
         self._profile.cleanup()
 
 
-def load_page(browser: Browser, path: Path, screenshot: Path | None = None, wait_s: float = 60.0) -> dict[str, Any]:
-    """Open a file:// page in a fresh tab; returns its errors and, per chart container, its mark count."""
+def load_page(
+    browser: Browser, path: Path, screenshot: Path | None = None, wait_s: float = 60.0, script: str | None = None
+) -> dict[str, Any]:
+    """Open a file:// page in a fresh tab; returns its errors and, per chart container, its mark count.
+    `script`: a JavaScript expression run once the charts are drawn (a promise is awaited); the
+    string it gives is returned as "script"."""
     target = browser.send("Target.createTarget", url="about:blank")["targetId"]
     session = browser.send("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
     for domain in ("Runtime", "Log", "Page"):
@@ -135,6 +139,10 @@ def load_page(browser: Browser, path: Path, screenshot: Path | None = None, wait
         if finished or time.monotonic() > deadline:
             break
         time.sleep(0.2)
+    if script is not None:
+        state["script"] = browser.send("Runtime.evaluate", session, expression=script, awaitPromise=True)["result"].get(
+            "value"
+        )
     if screenshot is not None:
         data = browser.send("Page.captureScreenshot", session, format="png", captureBeyondViewport=True)["data"]
         import base64

@@ -39,8 +39,37 @@ def test_every_page_loads_and_renders(site: Path, tmp_path_factory: pytest.TempP
     assert seen == charts
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     keep = Path(__file__).resolve().parents[2] / "reports" / "test-overview.png"
-    shutil.copyfile(shot, keep)  # reports/ is ignored by git: a place to look at it after CI
+    keep.parent.mkdir(exist_ok=True)  # reports/*.png is ignored by git: a place to look at it after CI
+    shutil.copyfile(shot, keep)
     print(f"overview screenshot: {shot} (copy: {keep})")
+
+
+# the Choose chart's square labels, the time buttons' "eager" clicked, and the labels again
+_SWITCH_TO_EAGER = """(async () => {
+  const d = document.getElementById('chart-choose');
+  const labels = () => Array.from(d.querySelectorAll('svg text')).map(t => t.textContent).join('|');
+  const before = labels();
+  const eager = d.querySelector('input[type=radio][value=eager]');
+  if (!eager) return JSON.stringify({buttons: false});
+  eager.click();
+  await new Promise(r => setTimeout(r, 1500));
+  return JSON.stringify({buttons: true, before: before, after: labels()});
+})()"""
+
+
+def test_the_choose_pages_time_buttons_rank_again_at_eager_time(site: Path) -> None:
+    # the fixture's flex cells at 1K are replayed at 0.4 of their eager time: at kernel time (the
+    # default) flex leads squares at 1K that fa_fixture leads at eager time
+    browser = Browser()
+    try:
+        result = load_page(browser, site / "index.html", script=_SWITCH_TO_EAGER)
+    finally:
+        browser.close()
+    assert result["errors"] == []
+    got = json.loads(result["script"])
+    assert got["buttons"], "no time buttons on the Choose page"
+    assert got["before"] != got["after"]
+    assert got["before"].count("flex") > got["after"].count("flex")
 
 
 def test_the_tooltip_repro_command_is_the_one_longca_repro_prints() -> None:
