@@ -228,6 +228,13 @@ def _choose_page(
 def _mask_pages(c: pl.DataFrame, peer: pl.DataFrame, kernels: Sequence[str] = ()) -> list[Page]:
     ok, studied = queries.for_length_charts(queries.mask_cells(c))
     gpu = ok.filter(pl.col("device") == "cuda")
+    at = Time.KERNEL if ok.filter(pl.col("timing") == "graph replay").height else Time.EAGER
+    at_note = (
+        ", at kernel time as the chart first draws them (replayed where the cell's pass was captured, eager "
+        "elsewhere; the chart's buttons and tooltips give eager time)"
+        if at == Time.KERNEL
+        else ""
+    )
     out = []
     for mask in queries.masks_with_rows(c):
         page = Page(f"mask-{charts.slug(mask)}.html", mask, f"Mask {mask}")
@@ -236,11 +243,14 @@ def _mask_pages(c: pl.DataFrame, peer: pl.DataFrame, kernels: Sequence[str] = ()
         page.chart(
             charts.mask_metric(mask, ok, "tflops", shown, kernels), f"No ok cells on mask {mask}: see the Status page."
         )
-        numbers, cols, lengths = queries.series_table(ok, mask, charts.shape_order(ok.filter(pl.col("mask") == mask)))
+        shapes = charts.shape_order(ok.filter(pl.col("mask") == mask))
+        # the figures the chart draws first: kernel time, where any cell has one
+        numbers, cols, lengths = queries.series_table(queries.at_time(ok, at), mask, shapes)
         if numbers.height:
             page.p(
-                "The numbers drawn above: TFLOP/s (exact mask area) per shape, pass and kernel at each length, and "
-                "the command that measures that row's cells again (every length; add --only seqlen=... for one)."
+                f"The numbers drawn above{at_note}: TFLOP/s (exact mask area) per shape, pass and kernel at each "
+                "length, and the command that measures that row's cells again (every length; add --only seqlen=... "
+                "for one)."
             )
             page.table(_table(numbers, cols, numeric=lengths))
         if not on_gpu and peer.filter(pl.col("mask") == mask).height:

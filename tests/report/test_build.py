@@ -468,3 +468,22 @@ def test_the_choose_page_ranks_replayed_cells_at_kernel_time_with_their_own_move
     plain = build._choose_page(queries.cells(rows.with_columns(graph_median_ms=None)), None, [], moves, None)
     chart = next(b[1] for b in plain.blocks if b[0] == "chart")
     assert {v["time"] for v in chart.values} == {"eager"} and "at eager time," in chart.caption
+
+
+def test_a_mask_pages_numbers_are_the_time_its_chart_draws_first(site: Path, rows_path: Path) -> None:
+    # the fixture replays flex at 1K at 0.4 of its eager time: the table gives its kernel time
+    from longca.report import queries
+
+    html = (site / "mask-full.html").read_text()
+    assert "The numbers drawn above, at kernel time as the chart first draws them" in html
+    c = queries.mask_cells(queries.cells(pl.read_parquet(rows_path)))
+    flex = c.filter(
+        (pl.col("kernel") == "flex")
+        & (pl.col("mask") == "full")
+        & (pl.col("seqlen_q") == 1024)
+        & (pl.col("pass") == "fwd")
+    )
+    assert flex.height == 2  # two head shapes
+    for kernel_time, eager in flex.select("tflops_kernel", "tflops").rows():
+        assert kernel_time == pytest.approx(eager / 0.4)
+        assert f'class=" num">{round(kernel_time)}</td>' in html
