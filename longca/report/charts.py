@@ -650,7 +650,8 @@ def sparse_chart(cells: pl.DataFrame, peers: pl.DataFrame, x: str) -> ChartSpec 
     else:
         xe = alt.X("block_size:Q", title="block size", scale=alt.Scale(type="log", base=2))
     dash = "density_label" if x == "seqlen_q" else "seqlen_q"
-    layers = [("measured", df, _lines(xe, alt.Y("tflops:Q", title="TFLOP/s (exact kept area)"), dash=dash))]
+    y = alt.Y(f"{SHOWN}:Q", title="TFLOP/s (exact kept area)")  # kernel time first, as on the mask pages
+    layers = [("measured", df, _shown_time(_lines(xe, y, dash=dash)))]
     if not peers.is_empty() and x != "seqlen_q":  # published sparse figures are at one length each
         p = peers.with_columns(block_label=pl.format("block {}", pl.col("block_size")))
         if x == "density":
@@ -678,6 +679,7 @@ def sparse_chart(cells: pl.DataFrame, peers: pl.DataFrame, x: str) -> ChartSpec 
         )
         layers += _peer_layers(p, xe.to_dict().get("title", x))
     chart, values = _layered_facet(layers, row="pass", column=panel)
+    chart = chart.add_params(TIME_PARAM)
     name = {"seqlen_q": "sequence length"}.get(x, x.replace("_", " "))
     return ChartSpec(
         id=f"sparse-{x.replace('_', '-')}",
@@ -688,7 +690,7 @@ def sparse_chart(cells: pl.DataFrame, peers: pl.DataFrame, x: str) -> ChartSpec 
         machines=queries.machines(df),
         query="status ok, world_size 1, masks block_sparse and variable_block_sparse",
         caption=f"Dashed lines distinguish {'densities' if x == 'seqlen_q' else 'sequence lengths'}; "
-        "the legend names kernel, mask kind and block score source (random or importance).",
+        "the legend names kernel, mask kind and block score source (random or importance)." + TIME_NOTE,
     )
 
 

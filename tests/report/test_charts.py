@@ -201,6 +201,16 @@ def test_sparse_length_chart_has_a_line_per_density_and_no_published_boxes(cells
     assert "strokeDash" in str(spec) and "density_label" in str(spec)
 
 
+@pytest.mark.parametrize("x", ["density", "block_size", "seqlen_q"])
+def test_sparse_charts_draw_kernel_time_first_with_eager_time_one_click_away(cells: pl.DataFrame, x: str) -> None:
+    spec = charts.sparse_chart(queries.sparse_cells(cells), peers.for_sparse(peers.load()), x).spec()
+    validate_jsonschema(spec, load_schema())
+    params = {p["name"]: p for p in spec["params"]}
+    assert params["time"]["value"] == "kernel"
+    assert f"{charts.SHOWN}" in str(spec) and "datum.tflops_kernel" in str(spec)
+    assert all("tflops_kernel" in v for v in _layer(spec, "measured"))
+
+
 def test_length_ticks_are_the_measured_lengths(cells: pl.DataFrame) -> None:
     ch = charts.cp_chart(queries.cp_cells(cells), peers.for_cp(peers.load()), "length")
     text = str(ch.spec())
