@@ -161,7 +161,7 @@ _DRAWN = {
     "runner_up_tflops",
     "margin",
     "kernels",
-    "kernels_eager_only",
+    "eager_only_faster",
     "time",
     "pct_matmul",
     "lead_clear",
@@ -485,8 +485,8 @@ def choose_chart(best: pl.DataFrame, kernels: Sequence[str]) -> ChartSpec | None
         label=pl.concat_str(
             [
                 pl.col("kernel"),
-                # "*": at kernel time, some kernel here has only an eager time (measured without a capture)
-                pl.when(at_kernel & (pl.col("kernels_eager_only") > 0)).then(pl.lit(" *")).otherwise(pl.lit("")),
+                # "*": a kernel timed eagerly only (never captured) was faster here at eager time
+                pl.when(at_kernel & (pl.col("eager_only_faster") > 0)).then(pl.lit(" *")).otherwise(pl.lit("")),
                 pl.lit("\n"),
                 pl.col("tflops").round(0).cast(pl.Int64).cast(pl.String),
                 pl.when(pl.col("margin").is_null())
@@ -544,9 +544,10 @@ def choose_chart(best: pl.DataFrame, kernels: Sequence[str]) -> ChartSpec | None
     if both:
         at_time = (
             "at kernel time by default (its pass replayed from a CUDA graph where it was captured, no host "
-            "launch time; eager time elsewhere: the tooltip's timing says which; '*': some kernel there has only "
-            "an eager time, measured without a capture, and competes at it), at eager time (each call launched "
-            "from Python) with the time buttons; the two can rank kernels differently"
+            "launch time; eager time elsewhere: the tooltip's timing says which; '*': a kernel measured there "
+            "without a capture, so competing at its eager time, was faster at eager time and may lead once "
+            "replayed), at eager time (each call launched from Python) with the time buttons; the two can rank "
+            "kernels differently"
         )
     else:
         at_time = f"at {next(iter(times), Time.EAGER)} time"

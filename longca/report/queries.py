@@ -387,9 +387,10 @@ _AT_KERNEL_TIME = {
 def at_time(c: pl.DataFrame, at: Time) -> pl.DataFrame:
     """Cells with `tflops` (its 95% interval, its spread over draws) at kernel or eager time, and a
     `time` column saying which: at kernel time a cell whose pass was replayed from a CUDA graph takes
-    the replay's figures (its `timing` says so), any other cell keeps its eager ones. A re-run
+    the replay's figures (its `timing` says so), any other cell keeps its eager ones; `tflops_eager`
+    keeps the eager TFLOP/s at either time. A re-run
     interval of the other time (`tflops_rerun_*`) is dropped: it belongs to the eager figures."""
-    c = c.with_columns(time=pl.lit(str(at)))
+    c = c.with_columns(time=pl.lit(str(at)), tflops_eager=pl.col("tflops"))
     if at == Time.EAGER:
         return c
     return c.drop("tflops_rerun_low", "tflops_rerun_high", strict=False).with_columns(
@@ -409,9 +410,10 @@ def choose(c: pl.DataFrame, ceilings: pl.DataFrame | None = None, between_runs: 
     cell's median moves between runs, longca.report.leases: a number, or an expression on the
     runner-up's row such as `BetweenRuns.p95_at`), because each interval holds for its own run only.
 
-    Ranked by `tflops` as given: queries.at_time puts a time's figures there. `kernels_eager_only`:
-    how many of the square's kernels have no kernel time (`kernel_timed` false), so that at kernel
-    time they compete at eager time.
+    Ranked by `tflops` as given: queries.at_time puts a time's figures there. `eager_only_faster`:
+    how many of the square's kernels have no kernel time (`kernel_timed` false: they compete at their
+    eager time) and yet a higher eager TFLOP/s (`tflops_eager`) than the best: at kernel time, the
+    kernels that might lead once replayed (always 0 at eager time).
 
     The best kernel's own row fields stay (spec, sweep, cell id, commit: its repro command).
     `ceilings` (device_name, dtype, matmul_tflops): adds `pct_matmul`, the best TFLOP/s as a share
@@ -439,15 +441,20 @@ def choose(c: pl.DataFrame, ceilings: pl.DataFrame | None = None, between_runs: 
         runner_up_run_ids=pl.col("run_ids"),
         runner_up_move=between_runs if isinstance(between_runs, pl.Expr) else pl.lit(float(between_runs)),
     )
+    eager = pl.col("tflops_eager") if "tflops_eager" in ranked.columns else pl.col("tflops")
+    best_eager = ranked.filter(pl.col("rank") == 1).select(*keys, _best_eager=eager)
+    counts = (
+        ranked.join(best_eager, on=keys)
+        .group_by(keys)
+        .agg(
+            kernels=pl.len(),  # how many ran there
+            eager_only_faster=(~pl.col("kernel_timed") & (eager > pl.col("_best_eager"))).sum(),
+        )
+    )
     best = (
         ranked.filter(pl.col("rank") == 1)
         .join(runner, on=keys, how="left")
-        # how many ran there, and how many of those have no kernel time (`kernel_timed`)
-        .join(
-            ranked.group_by(keys).agg(kernels=pl.len(), kernels_eager_only=(~pl.col("kernel_timed")).sum()),
-            on=keys,
-            how="left",
-        )
+        .join(counts, on=keys, how="left")
         .with_columns(
             margin=pl.col("tflops") / pl.col("runner_up_tflops") - 1.0,
             # the lead is clear when the two 95% intervals of the medians do not overlap, by the

@@ -798,11 +798,14 @@ def test_kernel_time_ranks_replays_and_marks_squares_with_eager_only_kernels() -
         pytest.approx(1000 / 0.99),
     )
     assert kernel["runner_up_tflops_ci_high"] == pytest.approx(100 / 0.38 / 0.99)
-    assert kernel["kernels_eager_only"] == 0 and kernel["timing"] == "graph replay"
-    # c was measured without a capture (an earlier protocol): at kernel time it competes at its eager time
-    c = _cells([_timed("a", 0.5, 0.1), _timed("c", 0.2)])
-    kernel = queries.choose(queries.at_time(c, Time.KERNEL)).row(0, named=True)
-    assert (kernel["kernel"], kernel["kernels_eager_only"]) == ("a", 1)
+    assert kernel["eager_only_faster"] == 0 and kernel["timing"] == "graph replay"
+    # c was measured without a capture (an earlier protocol): at kernel time it competes at its eager
+    # time, and it was faster than a at eager time: the square is marked; d, slower at eager time, is not
+    for other, eager_ms, faster in (("c", 0.2, 1), ("d", 1.0, 0)):
+        c = _cells([_timed("a", 0.5, 0.1), _timed(other, eager_ms)])
+        kernel = queries.choose(queries.at_time(c, Time.KERNEL)).row(0, named=True)
+        assert (kernel["kernel"], kernel["eager_only_faster"]) == ("a", faster)
+        assert queries.choose(queries.at_time(c, Time.EAGER)).item(0, "eager_only_faster") == 0
 
 
 @pytest.mark.parametrize(
