@@ -169,11 +169,10 @@ def _choose_page(
     page = Page("index.html", "Choose", "Which kernel for my shape?")
     ranked = []
     # kernel time only where some cell was replayed (never on a CPU, which has no CUDA graphs)
-    replays = c.filter(pl.col("timing") == "graph replay").height > 0
-    for at in Time if replays else [Time.EAGER]:
+    for at in Time if queries.first_time(c) == Time.KERNEL else [Time.EAGER]:
         cells = queries.at_time(c, at)
         move = leases.move_at(at, moves, replayed)
-        if at == Time.KERNEL and moves is not None:  # the tooltips' re-run interval, at kernel time
+        if moves is not None:  # the tooltips' re-run interval, of the time ranked
             low, high = leases.rerun_interval(move, pl.col("tflops"), pl.col("tflops_ci_low"), pl.col("tflops_ci_high"))
             cells = cells.with_columns(low.alias("tflops_rerun_low"), high.alias("tflops_rerun_high"))
         ranked.append(queries.choose(cells, ceiling, move))
@@ -228,7 +227,7 @@ def _choose_page(
 def _mask_pages(c: pl.DataFrame, peer: pl.DataFrame, kernels: Sequence[str] = ()) -> list[Page]:
     ok, studied = queries.for_length_charts(queries.mask_cells(c))
     gpu = ok.filter(pl.col("device") == "cuda")
-    at = Time.KERNEL if ok.filter(pl.col("timing") == "graph replay").height else Time.EAGER
+    at = queries.first_time(ok)
     at_note = (
         ", at kernel time as the chart first draws them (replayed where the cell's pass was captured, eager "
         "elsewhere; the chart's buttons and tooltips give eager time)"

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from longca.report import queries
 from longca.vocab import Status, Time
 
 _KEYS = ("cell_digest", "mask_sample")
@@ -176,7 +177,7 @@ def move_at(time: Time, eager: BetweenRuns | None, replayed: BetweenRuns | None)
     at_eager = eager.p95_at(pl.col("median_ms"))
     if time == Time.EAGER or replayed is None:
         return at_eager
-    replay = pl.col("timing") == "graph replay"
+    replay = pl.col("timing") == queries.REPLAYED
     return pl.when(replay).then(replayed.p95_at(pl.col("graph_median_ms"))).otherwise(at_eager)
 
 

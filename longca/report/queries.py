@@ -173,24 +173,20 @@ def derive(rows: pl.DataFrame) -> pl.DataFrame:
         )
         .with_columns(
             # the TFLOP/s interval of the time's 95% interval (its ends swap: less time, more TFLOP/s)
-            tflops_ci_low=pl.col("tflops") * pl.col("median_ms") / pl.col("ci_high_ms"),
-            tflops_ci_high=pl.col("tflops") * pl.col("median_ms") / pl.col("ci_low_ms"),
+            tflops_ci_low=_tflops_at("ci_high_ms"),
+            tflops_ci_high=_tflops_at("ci_low_ms"),
             # kernel time: the CUDA-graph replay's median where the call was captured (no host launch
-            # time), else the eager median (`timing` says which)
-            tflops_kernel=pl.coalesce(
-                pl.col("tflops") * pl.col("median_ms") / pl.col("graph_median_ms"), pl.col("tflops")
-            ),
-            # and its interval: the replay's where there is one (the eager one's ends otherwise)
-            tflops_kernel_ci_low=pl.coalesce(
-                pl.col("tflops") * pl.col("median_ms") / pl.col("graph_ci_high_ms"),
-                pl.col("tflops") * pl.col("median_ms") / pl.col("ci_high_ms"),
-            ),
-            tflops_kernel_ci_high=pl.coalesce(
-                pl.col("tflops") * pl.col("median_ms") / pl.col("graph_ci_low_ms"),
-                pl.col("tflops") * pl.col("median_ms") / pl.col("ci_low_ms"),
-            ),
+            # time), else the eager median (`timing` says which); its interval likewise
+            tflops_kernel=pl.coalesce(_tflops_at("graph_median_ms"), pl.col("tflops")),
+            tflops_kernel_ci_low=pl.coalesce(_tflops_at("graph_ci_high_ms"), _tflops_at("ci_high_ms")),
+            tflops_kernel_ci_high=pl.coalesce(_tflops_at("graph_ci_low_ms"), _tflops_at("ci_low_ms")),
         )
     )
+
+
+def _tflops_at(ms: str) -> pl.Expr:
+    """The row's TFLOP/s had its pass taken `ms` (a column of milliseconds) instead of its median."""
+    return pl.col("tflops") * pl.col("median_ms") / pl.col(ms)
 
 
 def supersede(rows: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -233,6 +229,16 @@ def outside_spec(rows: pl.DataFrame, spec_name: str, digests: set[str]) -> pl.Da
     )
 
 
+# a cell's `timing` where every draw was replayed from a CUDA graph
+REPLAYED = "graph replay"
+
+
+def first_time(c: pl.DataFrame) -> Time:
+    """The time the report draws first: kernel time where any cell was replayed, else eager time
+    (every time is eager where no cell was: on a CPU, say)."""
+    return Time.KERNEL if c.filter(pl.col("timing") == REPLAYED).height else Time.EAGER
+
+
 # the `graph_reason` of rows longca timed eagerly without trying a capture: backward cells measured
 # before the backward capture existed, context-parallel cells (their collectives)
 GRAPH_NOT_TRIED = "timed eagerly only"
@@ -256,7 +262,7 @@ def cells(rows: pl.DataFrame) -> pl.DataFrame:
             pl.col("tflops_kernel").max().alias("tflops_kernel_draw_high"),
             # which time `tflops_kernel` is: every draw replayed, or eager (a cell is never mixed)
             pl.when(pl.col("graph_median_ms").is_not_null().all())
-            .then(pl.lit("graph replay"))
+            .then(pl.lit(REPLAYED))
             .otherwise(pl.lit("eager"))
             .alias("timing"),
             pl.col("graph_reason").drop_nulls().first().alias("graph_reason"),
@@ -275,7 +281,7 @@ def cells(rows: pl.DataFrame) -> pl.DataFrame:
             # kept as kernel time (a call too long for launches to matter; a pass that could not be
             # captured, whose launches a user capturing graphs pays too). Not so for cells measured
             # without `repeat.graph`, or eagerly only by a reason of longca's (GRAPH_NOT_TRIED).
-            kernel_timed=(pl.col("timing") == "graph replay")
+            kernel_timed=(pl.col("timing") == REPLAYED)
             | (pl.col("graph_reason").is_not_null() & ~pl.col("graph_reason").str.contains(GRAPH_NOT_TRIED)),
         )
         .drop("worst")
@@ -388,8 +394,8 @@ def at_time(c: pl.DataFrame, at: Time) -> pl.DataFrame:
     """Cells with `tflops` (its 95% interval, its spread over draws) at kernel or eager time, and a
     `time` column saying which: at kernel time a cell whose pass was replayed from a CUDA graph takes
     the replay's figures (its `timing` says so), any other cell keeps its eager ones; `tflops_eager`
-    keeps the eager TFLOP/s at either time. A re-run
-    interval of the other time (`tflops_rerun_*`) is dropped: it belongs to the eager figures."""
+    keeps the eager TFLOP/s at either time. A re-run interval of the other time (`tflops_rerun_*`)
+    is dropped: it belongs to the eager figures."""
     c = c.with_columns(time=pl.lit(str(at)), tflops_eager=pl.col("tflops"))
     if at == Time.EAGER:
         return c
