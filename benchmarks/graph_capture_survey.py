@@ -2,7 +2,8 @@
 
 Runs single cells through longca's one cell runner (`longca.run.cell.run_cell`) on a CUDA device
 with `repeat.graph: true`, for each kernel and pass asked for, and prints one JSON line per row:
-the eager median, the replayed median (or `graph_reason`: why there is none) and their ratio;
+the eager median, the replayed median (or `graph_reason`: why there is none), their ratio and
+the capture attempts that failed before the last (`capture_retries`);
 with `--out`, the same lines go to that file too (libraries print to stdout as they compile). A
 survey before a sweep relies on the capture (its cells record the same columns), on any card: it
 names no GPU model.
@@ -15,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import warnings
 
+from longca.measure.graphs import CaptureRetryWarning
 from longca.run.cell import run_cell
 from longca.spec.cells import expand
 from longca.spec.load import load_spec
@@ -55,7 +58,10 @@ sweeps: [{{name: survey}}]
 """
     )
     for cell in expand(spec):
-        for row in run_cell(cell):
+        with warnings.catch_warnings(record=True) as retries:
+            warnings.simplefilter("always", CaptureRetryWarning)
+            rows = run_cell(cell)
+        for row in rows:
             eager, graph = row.get("median_ms"), row.get("graph_median_ms")
             line = {
                 "kernel": cell.kernel,
@@ -68,6 +74,8 @@ sweeps: [{{name: survey}}]
                 "graph_over_eager": graph / eager if eager and graph else None,
                 "graph_reason": row.get("graph_reason"),
                 "reason": row.get("reason"),
+                # failed capture attempts before the one that gave graph_ms or graph_reason (the cell's)
+                "capture_retries": [str(w.message) for w in retries if w.category is CaptureRetryWarning],
             }
             print(json.dumps(line), flush=True)
             if out is not None:

@@ -15,6 +15,7 @@ for the same reason).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -25,6 +26,11 @@ WARMUP = 3  # calls on the side stream before capture (lazy initialisation, auto
 # H200 ("operation failed due to a previous error during capture": cuDNN SDPA's, FA4's), where the
 # same kernels' later captures succeeded, so a failure is tried once more before it is the call's.
 ATTEMPTS = 2
+
+
+class CaptureRetryWarning(RuntimeWarning):
+    """A capture attempt failed and the next one follows: the record of what failed where the
+    retry then succeeds (a sweep's log, `benchmarks/graph_capture_survey.py`'s lines)."""
 
 
 class Captured:
@@ -66,7 +72,7 @@ def capture(
     if device.type != "cuda":
         return None, f"no CUDA graphs on {device.type}"
     reason = None
-    for _ in range(ATTEMPTS):
+    for attempt in range(1, ATTEMPTS + 1):
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         graph = torch.cuda.CUDAGraph()
@@ -84,6 +90,8 @@ def capture(
             del graph
             _end_generator_capture(device)
             reason = f"not capturable in a CUDA graph: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
+            if attempt < ATTEMPTS:
+                warnings.warn(f"capture attempt {attempt} of {ATTEMPTS} failed: {reason}", CaptureRetryWarning, 2)
             continue
         torch.cuda.synchronize(device)
         return Captured(graph, outputs, device), None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from longca.measure.graphs import capture
+from longca.measure.graphs import ATTEMPTS, WARMUP, CaptureRetryWarning, capture
 from longca.measure.timer import CudaTimer
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
@@ -39,6 +39,29 @@ def test_a_call_that_synchronises_with_the_host_is_not_captured():
     assert captured is None and reason.startswith("not capturable in a CUDA graph: ")
     assert (x + 1).sum().item() == 8  # the device is usable after the failed capture
     assert torch.randn(4, device=dev).isfinite().all()  # and its default generator out of capture mode
+
+
+@needs_cuda
+def test_a_capture_that_fails_once_is_tried_again_and_says_so():
+    """The first attempt's capture synchronises with the host (as the first backward capture of a
+    process failed on an H100 and the H200); the second captures, with a warning naming the first's
+    failure."""
+    assert ATTEMPTS >= 2
+    dev = torch.device("cuda")
+    x, out = torch.ones(4, device=dev), torch.zeros(4, device=dev)
+    calls = []
+
+    def call():
+        calls.append(1)
+        if len(calls) == WARMUP + 1:  # attempt 1's captured call
+            x.sum().item()
+        return torch.mul(x, 2, out=out)
+
+    with pytest.warns(CaptureRetryWarning, match=r"attempt 1 of \d+ failed: not capturable"):
+        captured, reason = capture(call, dev)
+    assert reason is None and len(calls) == 2 * (WARMUP + 1)
+    assert torch.equal(captured.replayed()[0], torch.full((4,), 2.0, device=dev))
+    captured.release()
 
 
 @needs_cuda
