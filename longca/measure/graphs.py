@@ -22,10 +22,15 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 WARMUP = 3  # calls on the side stream before capture (lazy initialisation, autotuning, compile)
-# Captures tried per call: the first backward capture of a process failed on both an H100 and the
-# H200 ("operation failed due to a previous error during capture": cuDNN SDPA's, FA4's), where the
-# same kernels' later captures succeeded, so a failure is tried once more before it is the call's.
-ATTEMPTS = 2
+# Captures tried per call, each in its CUDA stream-capture mode: PyTorch's default ("global": an
+# unsafe CUDA call from any thread ends the capture), then "thread_local" (only the capturing
+# thread's), then "relaxed" (none). The first backward capture of a process failed in global mode on
+# an H100 and the H200 ("operation failed due to a previous error during capture": FA4's, cuDNN
+# SDPA's), twice in a row, where the same kernels' later captures succeeded. A mode that lets a call
+# escape the graph cannot pass for it: a replay must reproduce the eager results from NaN
+# (`Captured.replayed`, longca.run.cell.graph_columns).
+CAPTURE_MODES = ("global", "thread_local", "relaxed")
+ATTEMPTS = len(CAPTURE_MODES)
 
 
 class CaptureRetryWarning(RuntimeWarning):
@@ -72,7 +77,7 @@ def capture(
     if device.type != "cuda":
         return None, f"no CUDA graphs on {device.type}"
     reason = None
-    for attempt in range(1, ATTEMPTS + 1):
+    for attempt, mode in enumerate(CAPTURE_MODES, start=1):
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         graph = torch.cuda.CUDAGraph()
@@ -83,7 +88,7 @@ def capture(
                 for _ in range(WARMUP):
                     fn()
             torch.cuda.current_stream(device).wait_stream(side)
-            with torch.cuda.graph(graph, stream=side):
+            with torch.cuda.graph(graph, stream=side, capture_error_mode=mode):
                 outputs = [t for t in tree_leaves(fn()) if isinstance(t, torch.Tensor)]
         except Exception as exc:  # the capture ended with the exception: the stream is usable again
             torch.cuda.synchronize(device)
@@ -91,7 +96,9 @@ def capture(
             _end_generator_capture(device)
             reason = f"not capturable in a CUDA graph: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
             if attempt < ATTEMPTS:
-                warnings.warn(f"capture attempt {attempt} of {ATTEMPTS} failed: {reason}", CaptureRetryWarning, 2)
+                warnings.warn(
+                    f"capture attempt {attempt} of {ATTEMPTS} ({mode} mode) failed: {reason}", CaptureRetryWarning, 2
+                )
             continue
         torch.cuda.synchronize(device)
         return Captured(graph, outputs, device), None

@@ -57,7 +57,7 @@ def test_a_capture_that_fails_once_is_tried_again_and_says_so():
             x.sum().item()
         return torch.mul(x, 2, out=out)
 
-    with pytest.warns(CaptureRetryWarning, match=r"attempt 1 of \d+ failed: not capturable"):
+    with pytest.warns(CaptureRetryWarning, match=r"attempt 1 of \d+ \(global mode\) failed: not capturable"):
         captured, reason = capture(call, dev)
     assert reason is None and len(calls) == 2 * (WARMUP + 1)
     assert torch.equal(captured.replayed()[0], torch.full((4,), 2.0, device=dev))
