@@ -22,14 +22,15 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 WARMUP = 3  # calls on the side stream before capture (lazy initialisation, autotuning, compile)
-# Captures tried per call, each in its CUDA stream-capture mode: PyTorch's default ("global": an
-# unsafe CUDA call from any thread ends the capture), then "thread_local" (only the capturing
-# thread's), then "relaxed" (none). The first backward capture of a process failed in global mode on
-# an H100 and the H200 ("operation failed due to a previous error during capture": FA4's, cuDNN
-# SDPA's), twice in a row, where the same kernels' later captures succeeded. A mode that lets a call
-# escape the graph cannot pass for it: a replay must reproduce the eager results from NaN
-# (`Captured.replayed`, longca.run.cell.graph_columns).
-CAPTURE_MODES = ("global", "thread_local", "relaxed")
+# Captures tried per call, each in its CUDA stream-capture mode. First "thread_local": an unsafe CUDA
+# call (cudaMalloc, a query of another stream) ends the capture only when the capturing thread
+# makes it, as Inductor's CUDA graphs capture (autograd runs a backward's ops in its own thread).
+# PyTorch's default, "global", counts every thread's calls: in it the first backward capture of a
+# process failed on an H100 and the H200 ("operation failed due to a previous error during capture":
+# FA4's, cuDNN SDPA's), twice in a row, where the same kernels' later captures succeeded. Then
+# "relaxed" (no call ends it). No mode lets a call that escaped the graph pass for it: a replay
+# must reproduce the eager results from NaN (`Captured.replayed`, longca.run.cell.graph_columns).
+CAPTURE_MODES = ("thread_local", "relaxed")
 ATTEMPTS = len(CAPTURE_MODES)
 
 
