@@ -599,7 +599,14 @@ def _graph_pass(cell: Cell, kernel, call, inputs: tuple, dout) -> GraphPass | st
     backward alone: autograd's backward of one forward run before the capture on its stream, every
     replay on that retained graph (as the eager `retained_graph` backward); forward+backward: both.
     Gradients come from torch.autograd.grad, so the eager calls' `.grad` (the full-length
-    agreement compares them) stay as the last eager backward left them."""
+    agreement compares them) stay as the last eager backward left them.
+
+    A pass with a backward differentiates with respect to leaves of its own, made on the capture
+    stream before each attempt (`prepare`) and sharing the inputs' storage. The inputs' gradient
+    accumulators were made on the default stream by the eager calls, whose retained graph keeps
+    them alive; a captured backward that ends in them makes the capture wait on that stream, which
+    ends it (PyTorch warns: "The AccumulateGrad node's stream does not match ..."). That failed the
+    first backward capture of a sweep's process in every capture mode (an H200, 2026-12-06)."""
     out_tol, grad_tol = tolerance(cell)
     if cell.pass_ == Pass.FWD:
         return GraphPass(call=lambda: call(*inputs), expected=lambda: [call(*inputs)], tolerance=out_tol, no_grad=True)
@@ -607,19 +614,29 @@ def _graph_pass(cell: Cell, kernel, call, inputs: tuple, dout) -> GraphPass | st
     def grads():
         return [x.grad for x in inputs]
 
+    kept: dict[str, Any] = {}
+
+    def own_leaves():
+        kept.clear()  # the last attempt's leaves and graph go before this attempt's are made
+        kept["leaves"] = tuple(x.detach().requires_grad_(x.requires_grad) for x in inputs)
+
     if cell.pass_ == Pass.FWD_BWD:
         return GraphPass(
-            call=lambda: torch.autograd.grad(call(*inputs), inputs, dout), expected=grads, tolerance=grad_tol
+            call=lambda: torch.autograd.grad(call(*kept["leaves"]), kept["leaves"], dout),
+            expected=grads,
+            tolerance=grad_tol,
+            prepare=own_leaves,
+            release=kept.clear,
         )
     if not kernel.caps.retained_backward:
         return f"{cell.kernel}'s backward cannot run twice on one forward (Capabilities.retained_backward)"
-    kept: dict[str, torch.Tensor] = {}
 
     def forward():
-        kept["out"] = call(*inputs)
+        own_leaves()
+        kept["out"] = call(*kept["leaves"])
 
     return GraphPass(
-        call=lambda: torch.autograd.grad(kept["out"], inputs, dout, retain_graph=True),
+        call=lambda: torch.autograd.grad(kept["out"], kept["leaves"], dout, retain_graph=True),
         expected=grads,
         tolerance=grad_tol,
         prepare=forward,

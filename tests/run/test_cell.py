@@ -629,6 +629,42 @@ sweeps: [{{name: s}}]
         assert row["graph_ci_low_ms"] <= row["graph_median_ms"] <= row["graph_ci_high_ms"]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
+@pytest.mark.parametrize("pass_", ["bwd", "fwd_bwd"])
+def test_on_a_gpu_a_backward_is_captured_while_the_eager_graph_keeps_the_inputs_accumulators(pass_):
+    """As in a cell: the eager calls' retained graph, made on the default stream, is alive during the
+    capture and holds the inputs' gradient accumulators. The captured pass differentiates with
+    respect to leaves of its own, so its first attempt captures (a backward ending in the eager
+    accumulators failed in every capture mode) and its replay gives the eager gradients."""
+    import warnings
+    from types import SimpleNamespace
+
+    from longca.measure.graphs import CaptureRetryWarning, capture
+    from longca.run.cell import _graph_pass
+
+    dev = torch.device("cuda")
+    (cell,) = expand(spec("[naive]", masks="[causal]", passes=f"[{pass_}]", repeat=GRAPHED))  # its pass
+    q, k, v = (torch.randn(1, 4, 1024, 64, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    dout = torch.randn_like(q)
+
+    def call(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    eager_out = call(q, k, v)  # kept alive, as the cell keeps its retained forward
+    eager_out.backward(dout, retain_graph=True)
+    kernel = SimpleNamespace(caps=SimpleNamespace(retained_backward=True))
+    graph_pass = _graph_pass(cell, kernel, call, (q, k, v), dout)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CaptureRetryWarning)
+        captured, reason = capture(graph_pass.call, dev, graph_pass.prepare)
+    assert reason is None
+    for replayed, x in zip(captured.replayed(), (q, k, v)):
+        assert torch.allclose(replayed.float(), x.grad.float(), rtol=2e-2, atol=2e-2)
+    captured.release()
+    graph_pass.release()
+    del eager_out
+
+
 def test_running_out_of_memory_checking_a_replay_keeps_the_eager_row(monkeypatch):
     import longca.run.cell as cell_module
 
