@@ -605,8 +605,9 @@ def _graph_pass(cell: Cell, kernel, call, inputs: tuple, dout) -> GraphPass | st
     stream before each attempt (`prepare`) and sharing the inputs' storage. The inputs' gradient
     accumulators were made on the default stream by the eager calls, whose retained graph keeps
     them alive; a captured backward that ends in them makes the capture wait on that stream, which
-    ends it (PyTorch warns: "The AccumulateGrad node's stream does not match ..."). That failed the
-    first backward capture of a sweep's process in every capture mode (an H200, 2026-12-06)."""
+    may end it (PyTorch warns: "The AccumulateGrad node's stream does not match ..."): the first
+    backward capture of a sweep's process failed in every capture mode right after that warning
+    (an H200, 2026-12-06)."""
     out_tol, grad_tol = tolerance(cell)
     if cell.pass_ == Pass.FWD:
         return GraphPass(call=lambda: call(*inputs), expected=lambda: [call(*inputs)], tolerance=out_tol, no_grad=True)
