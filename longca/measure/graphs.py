@@ -22,14 +22,13 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 WARMUP = 3  # calls on the side stream before capture (lazy initialisation, autotuning, compile)
-# Captures tried per call, each in its CUDA stream-capture mode. First "thread_local": an unsafe CUDA
-# call (cudaMalloc, a query of another stream) ends the capture only when the capturing thread
-# makes it, as Inductor's CUDA graphs capture (autograd runs a backward's ops in its own thread).
-# PyTorch's default, "global", counts every thread's calls: in it the first backward capture of a
-# process failed on an H100 and the H200 ("operation failed due to a previous error during capture":
-# FA4's, cuDNN SDPA's), twice in a row, where the same kernels' later captures succeeded. Then
-# "relaxed" (no call ends it). No mode lets a call that escaped the graph pass for it: a replay
-# must reproduce the eager results from NaN (`Captured.replayed`, longca.run.cell.graph_columns).
+# Captures tried per call, each in its CUDA stream-capture mode: first "thread_local" (an unsafe CUDA
+# call, such as cudaMalloc or a query of another stream, ends the capture only when the capturing
+# thread makes it), as Inductor's CUDA graphs capture, since autograd runs a backward's ops in a
+# thread of its own; then "relaxed" (no such call ends it). No mode lets work that escaped the graph
+# pass for it: a replay must reproduce the eager results from NaN (`Captured.replayed`,
+# longca.run.cell.graph_columns). A backward's first capture per process failed in every mode
+# (global, then these two); leaves of its own are the fix meant for that (longca.run.cell._graph_pass).
 CAPTURE_MODES = ("thread_local", "relaxed")
 ATTEMPTS = len(CAPTURE_MODES)
 

@@ -537,6 +537,37 @@ def test_a_captured_backward_leaves_the_eager_gradients_and_refuses_without_a_re
     assert refused == "naive's backward cannot run twice on one forward (Capabilities.retained_backward)"
 
 
+@pytest.mark.parametrize("pass_", ["bwd", "fwd_bwd"])
+def test_a_captured_backward_differentiates_with_respect_to_leaves_of_its_own(pass_):
+    """The inputs' gradient accumulators belong to the eager calls' graph (made on the default
+    stream, kept alive by it): the captured pass never ends in them, so no hook of an input fires,
+    and its gradients are still the eager ones."""
+    from types import SimpleNamespace
+
+    from longca.run.cell import _graph_pass
+
+    (cell,) = expand(spec("[naive]", masks="[full]", passes=f"[{pass_}]", repeat=GRAPHED))
+    q, k, v = (torch.randn(1, 2, 8, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    dout = torch.randn(1, 2, 8, 4, dtype=torch.float64)
+
+    def call(q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2), -1) @ v
+
+    eager_out = call(q, k, v)
+    eager_out.backward(dout, retain_graph=True)
+    fired = []
+    for x in (q, k, v):
+        x.register_hook(lambda g: fired.append(g))
+    kernel = SimpleNamespace(caps=SimpleNamespace(retained_backward=True))
+    graph_pass = _graph_pass(cell, kernel, call, (q, k, v), dout)
+    for _ in range(2):  # each attempt's prepare makes new leaves
+        graph_pass.prepare()
+        grads = graph_pass.call()
+        assert fired == []
+        assert all(torch.allclose(g, x.grad) for g, x in zip(grads, (q, k, v)))
+    graph_pass.release()
+
+
 def test_graph_replay_skips_calls_longer_than_graph_below_ms(monkeypatch):
     """A long call's replays would repeat its timing at full cost for a launch time of microseconds."""
     import longca.run.cell as cell_module
