@@ -19,7 +19,9 @@
 #           that call (its rows win) as results/<name>/all.parquet.
 #   finish  puts results/ and reports/ back and merges into results/<name>/all.parquet the calls'
 #           aggregates, the last first (each carried the ones before), then the published rows of
-#           every other cell; stops before writing if a row would be there twice.
+#           every other cell; stops before writing if a row would be there twice. Cells moved out to
+#           results/<name>/reruns.parquet for the calls (tools/move_cells.py) that no call measured
+#           again go back with their rows.
 # Not for re-run checks (`--results DIR`): their aggregate is a set of its own (docs/measurement.md).
 set -euo pipefail
 cmd=${1:?usage: gpu-calls.sh start|next|finish SPEC ...}
@@ -94,6 +96,27 @@ EOF
     [ -d "$published/reports" ] && mv "$published/reports" reports
     rmdir "$published" 2>/dev/null || true
     cp "$merged" "$agg" && rm -f "$merged"
+    # cells moved to the re-run table before the calls (tools/move_cells.py) that no call measured
+    # again go back with their published rows: else they would be missing from the published set
+    reruns=results/$name/reruns.parquet
+    [ -f "$reruns" ] && python3 - "$spec" "$agg" "$reruns" <<'EOF'
+import sys
+
+import duckdb
+
+from longca.spec.cells import expand
+from longca.spec.load import load_spec
+from longca.store.aggregate import move_cells
+
+spec, agg, reruns = sys.argv[1:]
+current = {c.digest for c in expand(load_spec(spec))}
+held = {d for (d,) in duckdb.execute("SELECT DISTINCT cell_digest FROM read_parquet(?)", [agg]).fetchall()}
+moved = {d for (d,) in duckdb.execute("SELECT DISTINCT cell_digest FROM read_parquet(?)", [reruns]).fetchall()}
+back = sorted((moved & current) - held)  # current cells with rows only in the re-run table
+if back:
+    rows, cells = move_cells(reruns, agg, "cell_digest IN (" + ", ".join(f"'{d}'" for d in back) + ")")
+    print(f"gpu-calls: {cells} moved cells no call measured again: back in {agg} with their {rows} rows")
+EOF
     echo "gpu-calls: $agg written; rebuild the report (the set's README has the command) and commit"
     ;;
   *)
