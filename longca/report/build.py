@@ -234,6 +234,7 @@ def _mask_pages(c: pl.DataFrame, peer: pl.DataFrame, kernels: Sequence[str] = ()
         if at == Time.KERNEL
         else ""
     )
+    at_first = queries.at_time(ok, at)  # the figures the chart draws first: kernel time, where any cell has one
     out = []
     for mask in queries.masks_with_rows(c):
         page = Page(f"mask-{charts.slug(mask)}.html", mask, f"Mask {mask}")
@@ -243,8 +244,7 @@ def _mask_pages(c: pl.DataFrame, peer: pl.DataFrame, kernels: Sequence[str] = ()
             charts.mask_metric(mask, ok, "tflops", shown, kernels), f"No ok cells on mask {mask}: see the Status page."
         )
         shapes = charts.shape_order(ok.filter(pl.col("mask") == mask))
-        # the figures the chart draws first: kernel time, where any cell has one
-        numbers, cols, lengths = queries.series_table(queries.at_time(ok, at), mask, shapes)
+        numbers, cols, lengths = queries.series_table(at_first, mask, shapes)
         if numbers.height:
             page.p(
                 f"The numbers drawn above{at_note}: TFLOP/s (exact mask area) per shape, pass and kernel at each "
