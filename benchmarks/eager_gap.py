@@ -1,0 +1,177 @@
+"""Why two eager timers of one host-bound call disagree: the host's time per iteration beside the GPU's.
+
+A short call (FA4's 1K backward: several kernels, each launched from Python) can take the host longer
+to issue than the GPU takes to run. Timed with CUDA events after a 256 MB L2 flush, such a call's
+sample is then the host's issue time less the flush's (the flush gives the host a head start), not
+the kernels' time; when the host is a little faster than flush + kernels the queue fills and the
+sample is the kernels' time. A loop whose host work per iteration lies near that boundary lands in
+either regime, so two loops (longca's `CudaTimer`, `triton.testing.do_bench`) can differ by more than
+their timers do.
+
+For each case this prints and writes (JSON lines) per round, alternating the loops:
+- `host_us`: the host's wall per iteration of each loop, issuing `--calls` iterations back to back
+  (the loops are copies of the two timers' timed loops: longca's creates its two events per
+  iteration, do_bench's before the loop); `median_ms` of the same iterations' events;
+- `flush_ms`: the GPU time of the flush alone; `fn_host_us`: the host's issue time of the call
+  alone (no flush, no events);
+- `longca_ms` and `do_bench_ms`: the real timers (longca's under the given sweep's protocol).
+
+    python benchmarks/eager_gap.py OUT.jsonl --spec specs/h200.yaml --sweep dense --kernel fa4 \
+        --seqlen 1K --passes bwd,fwd --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+import triton.testing
+from timer_fidelity import fidelity_kernels, fidelity_passes, sweep_protocol
+
+from longca.measure.timer import CudaTimer, time_under
+from longca.spec.load import parse_seqlen
+
+
+def make_call(kernel_name: str, mask_name: str, heads: tuple[int, int], s: int, pass_: str, device):
+    """(fn, before, grads) as benchmarks/timer_fidelity.py times them (a backward on one forward's
+    retained graph, gradients cleared before each call)."""
+    from longca.kernels.base import choose_form
+    from longca.kernels.registry import get
+    from longca.masks.forms import forms_of
+    from longca.masks.registry import build_mask
+
+    kernel = get(kernel_name)
+    hq, hkv = heads
+    grad = pass_ == "bwd"
+    mask = build_mask(mask_name, s)
+    prep = kernel.prepare(
+        mask, batch=1, heads_q=hq, heads_kv=hkv, head_dim=128, dtype=torch.bfloat16, device=device,
+        form=choose_form(kernel.caps, forms_of(mask_name)),
+        **({"grad": grad} if hasattr(kernel, "grad_changes_form") else {}),
+    )  # fmt: skip
+    shape = (1, s, hq, 128) if prep.layout == "bshd" else (1, hq, s, 128)
+    shape_kv = (1, s, hkv, 128) if prep.layout == "bshd" else (1, hkv, s, 128)
+    q, k, v = (
+        torch.randn(sh, device=device, dtype=torch.bfloat16, requires_grad=grad) for sh in (shape, shape_kv, shape_kv)
+    )
+    if not grad:
+        return (lambda: prep.call(q, k, v)), None, None
+    with torch.enable_grad():
+        out = prep.call(q, k, v)
+    do = torch.randn_like(out)
+
+    def before():
+        for x in (q, k, v):
+            x.grad = None
+
+    return (lambda: out.backward(do, retain_graph=True)), before, [q, k, v]
+
+
+def longca_loop(timer: CudaTimer, fn, before, n: int) -> tuple[float, float]:
+    """(host µs per iteration, median ms): longca's timed loop (`Timer._batch`), its issuing timed."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    handles = []
+    for _ in range(n):
+        if before:
+            before()
+        handles.append(timer._start_one(fn))
+    host = (time.perf_counter() - t0) / n * 1e6
+    return host, statistics.median(timer._elapsed_ms(h) for h in handles)
+
+
+def do_bench_loop(flush: torch.Tensor, fn, grads, n: int) -> tuple[float, float]:
+    """(host µs per iteration, median ms): do_bench's timed loop (events made before it)."""
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(n):
+        if grads is not None:
+            for x in grads:
+                x.grad = None
+        flush.zero_()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    host = (time.perf_counter() - t0) / n * 1e6
+    torch.cuda.synchronize()
+    return host, statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+def fn_host_us(fn, before, n: int) -> float:
+    """The host's issue time of the call alone, per call (no flush, no events)."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        if before:
+            before()
+        fn()
+    host = (time.perf_counter() - t0) / n * 1e6
+    torch.cuda.synchronize()
+    return host
+
+
+def flush_ms(flush: torch.Tensor, n: int = 20) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(n):
+        flush.zero_()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / n
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("out", help="JSON lines file to write")
+    p.add_argument("--spec", required=True)
+    p.add_argument("--sweep", required=True)
+    p.add_argument("--kernel", default="fa4")
+    p.add_argument("--seqlen", default="1K")
+    p.add_argument("--passes", default="bwd")
+    p.add_argument("--masks", default="causal,full")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--calls", type=int, default=1000, help="iterations of each copied loop per round")
+    args = p.parse_args(argv)
+    rep = sweep_protocol(args.spec, args.sweep)
+    (kernel,) = fidelity_kernels(args.kernel)
+    s = parse_seqlen(args.seqlen, "--seqlen")
+    device = torch.device("cuda")
+    timer = CudaTimer(device, l2_flush=True)
+    with open(args.out, "w", encoding="utf-8") as out:
+        for pass_ in fidelity_passes(args.passes):
+            for mask in args.masks.split(","):
+                for heads in ((64, 8), (32, 32)):
+                    fn, before, grads = make_call(kernel, mask, heads, s, pass_, device)
+                    with torch.enable_grad() if grads else torch.no_grad():
+                        for _ in range(20):  # compile and warm up outside every measurement
+                            if before:
+                                before()
+                            fn()
+                        for r in range(args.rounds):
+                            row = {"kernel": kernel, "mask": mask, "heads": f"{heads[0]}:{heads[1]}", "seqlen": s}
+                            row |= {"pass": pass_, "round": r, "device": torch.cuda.get_device_name(device)}
+                            row["flush_ms"] = flush_ms(timer._flush)
+                            row["fn_host_us"] = fn_host_us(fn, before, args.calls)
+                            row["longca_loop_host_us"], row["longca_loop_ms"] = longca_loop(
+                                timer, fn, before, args.calls
+                            )
+                            row["do_bench_loop_host_us"], row["do_bench_loop_ms"] = do_bench_loop(
+                                timer._flush, fn, grads, args.calls
+                            )
+                            timing = time_under(timer, fn, rep, before)
+                            row["longca_ms"], row["longca_calls"] = timing.median_ms, timing.timed_iters
+                            row["do_bench_ms"] = triton.testing.do_bench(fn, grad_to_none=grads, return_mode="median")
+                            print(json.dumps(row), flush=True)
+                            out.write(json.dumps(row) + "\n")
+                            out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
