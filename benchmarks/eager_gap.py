@@ -29,45 +29,10 @@ import time
 
 import torch
 import triton.testing
-from timer_fidelity import fidelity_kernels, fidelity_passes, sweep_protocol
+from timer_fidelity import fidelity_kernels, fidelity_passes, make_call, sweep_protocol
 
 from longca.measure.timer import CudaTimer, time_under
 from longca.spec.load import parse_seqlen
-
-
-def make_call(kernel_name: str, mask_name: str, heads: tuple[int, int], s: int, pass_: str, device):
-    """(fn, before, grads) as benchmarks/timer_fidelity.py times them (a backward on one forward's
-    retained graph, gradients cleared before each call)."""
-    from longca.kernels.base import choose_form
-    from longca.kernels.registry import get
-    from longca.masks.forms import forms_of
-    from longca.masks.registry import build_mask
-
-    kernel = get(kernel_name)
-    hq, hkv = heads
-    grad = pass_ == "bwd"
-    mask = build_mask(mask_name, s)
-    prep = kernel.prepare(
-        mask, batch=1, heads_q=hq, heads_kv=hkv, head_dim=128, dtype=torch.bfloat16, device=device,
-        form=choose_form(kernel.caps, forms_of(mask_name)),
-        **({"grad": grad} if hasattr(kernel, "grad_changes_form") else {}),
-    )  # fmt: skip
-    shape = (1, s, hq, 128) if prep.layout == "bshd" else (1, hq, s, 128)
-    shape_kv = (1, s, hkv, 128) if prep.layout == "bshd" else (1, hkv, s, 128)
-    q, k, v = (
-        torch.randn(sh, device=device, dtype=torch.bfloat16, requires_grad=grad) for sh in (shape, shape_kv, shape_kv)
-    )
-    if not grad:
-        return (lambda: prep.call(q, k, v)), None, None
-    with torch.enable_grad():
-        out = prep.call(q, k, v)
-    do = torch.randn_like(out)
-
-    def before():
-        for x in (q, k, v):
-            x.grad = None
-
-    return (lambda: out.backward(do, retain_graph=True)), before, [q, k, v]
 
 
 def longca_loop(timer: CudaTimer, fn, before, n: int) -> tuple[float, float]:
@@ -131,21 +96,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out", help="JSON lines file to write")
     p.add_argument("--spec", required=True)
     p.add_argument("--sweep", required=True)
-    p.add_argument("--kernel", default="fa4")
+    p.add_argument("--kernel", default="fa4", help="one registered kernel")
     p.add_argument("--seqlen", default="1K")
     p.add_argument("--passes", default="bwd")
     p.add_argument("--masks", default="causal,full")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--calls", type=int, default=1000, help="iterations of each copied loop per round")
     args = p.parse_args(argv)
+    # every argument checked before the GPU is touched or OUT opened
     rep = sweep_protocol(args.spec, args.sweep)
     (kernel,) = fidelity_kernels(args.kernel)
     s = parse_seqlen(args.seqlen, "--seqlen")
+    passes = fidelity_passes(args.passes)
+    masks = tuple(m.strip() for m in args.masks.split(",") if m.strip())
+    if not masks or set(masks) - {"full", "causal"}:
+        raise SystemExit(f"--masks {args.masks!r}: allowed: full, causal (the fidelity table's masks)")
     device = torch.device("cuda")
     timer = CudaTimer(device, l2_flush=True)
     with open(args.out, "w", encoding="utf-8") as out:
-        for pass_ in fidelity_passes(args.passes):
-            for mask in args.masks.split(","):
+        for pass_ in passes:
+            for mask in masks:
                 for heads in ((64, 8), (32, 32)):
                     fn, before, grads = make_call(kernel, mask, heads, s, pass_, device)
                     with torch.enable_grad() if grads else torch.no_grad():

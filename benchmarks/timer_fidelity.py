@@ -80,6 +80,44 @@ def fidelity_kernels(names: str) -> tuple[str, ...]:
     return picked
 
 
+def make_call(
+    kernel_name: str,
+    mask_name: str,
+    heads: tuple[int, int],
+    s: int,
+    pass_: str,
+    device: torch.device,
+    dtype: torch.dtype = torch.bfloat16,
+) -> tuple:
+    """(fn, before, grads) of one case at head dim 128: the forward call, or a backward on one
+    forward's retained graph with `before` clearing the gradients `grads` (as the sweeps time it)."""
+    kernel = get(kernel_name)
+    hq, hkv = heads
+    mask = build_mask(mask_name, s)
+    grad = pass_ == "bwd"
+    prep = kernel.prepare(
+        mask, batch=1, heads_q=hq, heads_kv=hkv, head_dim=128, dtype=dtype, device=device,
+        form=choose_form(kernel.caps, forms_of(mask_name)),
+        **({"grad": grad} if hasattr(kernel, "grad_changes_form") else {}),
+    )  # fmt: skip
+    shape = (1, s, hq, 128) if prep.layout == "bshd" else (1, hq, s, 128)
+    shape_kv = (1, s, hkv, 128) if prep.layout == "bshd" else (1, hkv, s, 128)
+    q = torch.randn(shape, device=device, dtype=dtype, requires_grad=grad)
+    k = torch.randn(shape_kv, device=device, dtype=dtype, requires_grad=grad)
+    v = torch.randn(shape_kv, device=device, dtype=dtype, requires_grad=grad)
+    if not grad:
+        return (lambda: prep.call(q, k, v)), None, None
+    with torch.enable_grad():
+        out = prep.call(q, k, v)
+    do = torch.randn_like(out)
+
+    def before():
+        for x in (q, k, v):
+            x.grad = None
+
+    return (lambda: out.backward(do, retain_graph=True)), before, [q, k, v]
+
+
 def measure_case(
     kernel_name: str,
     mask_name: str,
@@ -95,34 +133,12 @@ def measure_case(
 ) -> dict:
     """One case: longca's timer under `rep` and `bench(fn, warmup_ms, rep_ms, grad_to_none)` (do_bench's
     median; its defaults when the two ms are None), alternating, `rounds` times."""
-    kernel = get(kernel_name)
     hq, hkv = heads
     mask = build_mask(mask_name, s)
     grad = pass_ == "bwd"
-    prep = kernel.prepare(
-        mask, batch=1, heads_q=hq, heads_kv=hkv, head_dim=128, dtype=dtype, device=device,
-        form=choose_form(kernel.caps, forms_of(mask_name)),
-        **({"grad": grad} if hasattr(kernel, "grad_changes_form") else {}),
-    )  # fmt: skip
-    shape = (1, s, hq, 128) if prep.layout == "bshd" else (1, hq, s, 128)
-    shape_kv = (1, s, hkv, 128) if prep.layout == "bshd" else (1, hkv, s, 128)
-    q = torch.randn(shape, device=device, dtype=dtype, requires_grad=grad)
-    k = torch.randn(shape_kv, device=device, dtype=dtype, requires_grad=grad)
-    v = torch.randn(shape_kv, device=device, dtype=dtype, requires_grad=grad)
-    before = None
-    if grad:  # the sweeps' retained-graph backward: one forward, then every call a backward on it
-        out = prep.call(q, k, v)
-        do = torch.randn_like(out)
-        fn = lambda: out.backward(do, retain_graph=True)  # noqa: E731
-
-        def before():
-            for x in (q, k, v):
-                x.grad = None
-    else:
-        fn = lambda: prep.call(q, k, v)  # noqa: E731
+    fn, before, grads = make_call(kernel_name, mask_name, heads, s, pass_, device, dtype)
     timings, theirs, matched = [], [], []
     clocks: dict[str, list] = {"longca": [], "do_bench": [], "matched": []}
-    grads = [q, k, v] if grad else None
     with torch.enable_grad() if grad else torch.no_grad():
         for _ in range(rounds):
             timings.append(time_under(timer, fn, rep, before))  # as a cell of the sweep is timed

@@ -106,3 +106,21 @@ def test_forward_and_backward_cases_are_timed_and_saved_as_parquet(tmp_path: Pat
 def test_unknown_passes_are_named() -> None:
     with pytest.raises(SystemExit, match="--passes 'fwd,bwdd': allowed: fwd, bwd"):
         tf.fidelity_passes("fwd,bwdd")
+
+
+def test_a_backward_case_runs_on_one_retained_graph_and_before_clears_its_gradients() -> None:
+    """`make_call` (also benchmarks/eager_gap.py's): every call a backward on the same forward's
+    graph, gradients accumulating unless `before` clears them."""
+    import torch
+
+    fn, before, grads = tf.make_call("sdpa_math", "causal", (2, 1), 16, "bwd", torch.device("cpu"), torch.float32)
+    fn()
+    first = [g.grad.clone() for g in grads]
+    fn()  # the retained graph runs again: without `before` the gradients add up
+    assert all(torch.allclose(g.grad, 2 * f) for g, f in zip(grads, first))
+    before()
+    assert all(g.grad is None for g in grads)
+    fn()
+    assert all(torch.allclose(g.grad, f) for g, f in zip(grads, first))
+    fwd, no_before, no_grads = tf.make_call("sdpa_math", "full", (2, 2), 16, "fwd", torch.device("cpu"), torch.float32)
+    assert no_before is None and no_grads is None and fwd().shape[-1] == 128
