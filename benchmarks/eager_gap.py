@@ -9,9 +9,10 @@ either regime, so two loops (longca's `CudaTimer`, `triton.testing.do_bench`) ca
 their timers do.
 
 For each case this prints and writes (JSON lines) per round, alternating the loops:
-- `host_us`: the host's wall per iteration of each loop, issuing `--calls` iterations back to back
-  (the loops are copies of the two timers' timed loops: longca's creates its two events per
-  iteration, do_bench's before the loop); `median_ms` of the same iterations' events;
+- `longca_loop_host_us`, `do_bench_loop_host_us`: the host's wall per iteration of each loop,
+  issuing `--calls` iterations back to back (copies of the two timers' timed loops: longca's
+  creates its two events per iteration, do_bench's before the loop); `longca_loop_ms`,
+  `do_bench_loop_ms`: the median of the same iterations' events;
 - `flush_ms`: the GPU time of the flush alone; `fn_host_us`: the host's issue time of the call
   alone (no flush, no events);
 - `longca_ms` and `do_bench_ms`: the real timers (longca's under the given sweep's protocol).

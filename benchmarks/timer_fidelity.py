@@ -33,6 +33,7 @@ import argparse
 import json
 import os
 import statistics
+from collections.abc import Callable
 
 import torch
 import triton.testing
@@ -88,7 +89,7 @@ def make_call(
     pass_: str,
     device: torch.device,
     dtype: torch.dtype = torch.bfloat16,
-) -> tuple:
+) -> tuple[Callable[[], object], Callable[[], None] | None, list[torch.Tensor] | None]:
     """(fn, before, grads) of one case at head dim 128: the forward call, or a backward on one
     forward's retained graph with `before` clearing the gradients `grads` (as the sweeps time it)."""
     kernel = get(kernel_name)
