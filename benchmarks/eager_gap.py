@@ -32,6 +32,7 @@ import torch
 import triton.testing
 from timer_fidelity import fidelity_kernels, fidelity_passes, make_call, sweep_protocol
 
+from longca.masks.registry import build_mask
 from longca.measure.timer import CudaTimer, time_under
 from longca.spec.load import parse_seqlen
 
@@ -118,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         for pass_ in passes:
             for mask in masks:
                 for heads in ((64, 8), (32, 32)):
-                    fn, before, grads = make_call(kernel, mask, heads, s, pass_, device)
+                    fn, before, grads = make_call(kernel, build_mask(mask, s), heads, pass_, device)
                     with torch.enable_grad() if grads else torch.no_grad():
                         for _ in range(20):  # compile and warm up outside every measurement
                             if before:

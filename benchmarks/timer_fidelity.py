@@ -41,6 +41,7 @@ import triton.testing
 from longca.kernels.base import choose_form
 from longca.kernels.registry import get
 from longca.masks.forms import forms_of
+from longca.masks.mask import Mask
 from longca.masks.registry import build_mask
 from longca.measure.env import gpu_clock_state
 from longca.measure.flops import attention_flops
@@ -83,22 +84,22 @@ def fidelity_kernels(names: str) -> tuple[str, ...]:
 
 def make_call(
     kernel_name: str,
-    mask_name: str,
+    mask: Mask,
     heads: tuple[int, int],
-    s: int,
     pass_: str,
     device: torch.device,
     dtype: torch.dtype = torch.bfloat16,
 ) -> tuple[Callable[[], object], Callable[[], None] | None, list[torch.Tensor] | None]:
-    """(fn, before, grads) of one case at head dim 128: the forward call, or a backward on one
-    forward's retained graph with `before` clearing the gradients `grads` (as the sweeps time it)."""
+    """(fn, before, grads) of one case at head dim 128 and the mask's length: the forward call, or a
+    backward on one forward's retained graph with `before` clearing the gradients `grads` (as the
+    sweeps time it)."""
     kernel = get(kernel_name)
     hq, hkv = heads
-    mask = build_mask(mask_name, s)
+    s = mask.seqlen_q
     grad = pass_ == "bwd"
     prep = kernel.prepare(
         mask, batch=1, heads_q=hq, heads_kv=hkv, head_dim=128, dtype=dtype, device=device,
-        form=choose_form(kernel.caps, forms_of(mask_name)),
+        form=choose_form(kernel.caps, forms_of(mask.name)),
         **({"grad": grad} if hasattr(kernel, "grad_changes_form") else {}),
     )  # fmt: skip
     shape = (1, s, hq, 128) if prep.layout == "bshd" else (1, hq, s, 128)
@@ -137,7 +138,7 @@ def measure_case(
     hq, hkv = heads
     mask = build_mask(mask_name, s)
     grad = pass_ == "bwd"
-    fn, before, grads = make_call(kernel_name, mask_name, heads, s, pass_, device, dtype)
+    fn, before, grads = make_call(kernel_name, mask, heads, pass_, device, dtype)
     timings, theirs, matched = [], [], []
     clocks: dict[str, list] = {"longca": [], "do_bench": [], "matched": []}
     with torch.enable_grad() if grad else torch.no_grad():

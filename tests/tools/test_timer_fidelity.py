@@ -113,7 +113,11 @@ def test_a_backward_case_runs_on_one_retained_graph_and_before_clears_its_gradie
     graph, gradients accumulating unless `before` clears them."""
     import torch
 
-    fn, before, grads = tf.make_call("sdpa_math", "causal", (2, 1), 16, "bwd", torch.device("cpu"), torch.float32)
+    from longca.masks.registry import build_mask
+
+    fn, before, grads = tf.make_call(
+        "sdpa_math", build_mask("causal", 16), (2, 1), "bwd", torch.device("cpu"), torch.float32
+    )
     fn()
     first = [g.grad.clone() for g in grads]
     fn()  # the retained graph runs again: without `before` the gradients add up
@@ -122,5 +126,7 @@ def test_a_backward_case_runs_on_one_retained_graph_and_before_clears_its_gradie
     assert all(g.grad is None for g in grads)
     fn()
     assert all(torch.allclose(g.grad, f) for g, f in zip(grads, first))
-    fwd, no_before, no_grads = tf.make_call("sdpa_math", "full", (2, 2), 16, "fwd", torch.device("cpu"), torch.float32)
+    fwd, no_before, no_grads = tf.make_call(
+        "sdpa_math", build_mask("full", 16), (2, 2), "fwd", torch.device("cpu"), torch.float32
+    )
     assert no_before is None and no_grads is None and fwd().shape[-1] == 128
