@@ -15,7 +15,13 @@ For each case this prints and writes (JSON lines) per round, alternating the loo
   `do_bench_loop_ms`: the median of the same iterations' events;
 - `flush_ms`: the GPU time of the flush alone; `fn_host_us`: the host's issue time of the call
   alone (no flush, no events);
-- `longca_ms` and `do_bench_ms`: the real timers (longca's under the given sweep's protocol).
+- `longca_ms` and `do_bench_ms`: the real timers (longca's under the given sweep's protocol);
+- where the host's time goes when it swings, measured just before `fn_host_us`: `python_ns`, the
+  wall per step of a fixed pure-Python loop (the CPU's own speed: frequency, other tenants; no
+  torch), `launch_host_us`, the host's issue time of one tiny CUDA op (torch's dispatch and launch
+  path, no kernel's Python), and `load1`, the host's one-minute load average. If `fn_host_us`
+  follows `python_ns` across rounds the CPU is what swings; if it follows neither, the call's own
+  Python (or its allocator) does.
 
     python benchmarks/eager_gap.py OUT.jsonl --spec specs/h200.yaml --sweep dense --kernel fa4 \
         --seqlen 1K --passes bwd,fwd --rounds 5
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -82,6 +89,26 @@ def fn_host_us(fn, before, n: int) -> float:
     return host
 
 
+def python_ns(steps: int = 200_000) -> float:
+    """Nanoseconds per step of a fixed pure-Python loop: the host CPU's speed, no torch, no CUDA."""
+    t0 = time.perf_counter()
+    acc = 0
+    for i in range(steps):
+        acc += i & 7
+    return (time.perf_counter() - t0) / steps * 1e9
+
+
+def launch_host_us(x: torch.Tensor, n: int) -> float:
+    """The host's issue time of one tiny in-place op on x's device, per op (torch's launch path)."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        x.add_(1.0)
+    host = (time.perf_counter() - t0) / n * 1e6
+    torch.cuda.synchronize()
+    return host
+
+
 def flush_ms(flush: torch.Tensor, n: int = 20) -> float:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
@@ -115,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--masks {args.masks!r}: allowed: full, causal (the fidelity table's masks)")
     device = torch.device("cuda")
     timer = CudaTimer(device, l2_flush=True)
+    tiny = torch.zeros(16, device=device)
     with open(args.out, "w", encoding="utf-8") as out:
         for pass_ in passes:
             for mask in masks:
@@ -129,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
                             row = {"kernel": kernel, "mask": mask, "heads": f"{heads[0]}:{heads[1]}", "seqlen": s}
                             row |= {"pass": pass_, "round": r, "device": torch.cuda.get_device_name(device)}
                             row["flush_ms"] = flush_ms(timer._flush)
+                            row["python_ns"] = python_ns()
+                            row["launch_host_us"] = launch_host_us(tiny, args.calls)
+                            row["load1"] = os.getloadavg()[0]
                             row["fn_host_us"] = fn_host_us(fn, before, args.calls)
                             row["longca_loop_host_us"], row["longca_loop_ms"] = longca_loop(
                                 timer, fn, before, args.calls

@@ -25,24 +25,10 @@ import pyarrow.parquet as pq
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "report"))
 from report_rows import synthetic_rows  # noqa: E402
 
+from longca.masks.registry import STATIC as MASKS  # noqa: E402
 from longca.report import build_report  # noqa: E402
 from longca.report.export import bundle_cache  # noqa: E402
 from longca.store.schema import to_table  # noqa: E402
-
-MASKS = (
-    "full",
-    "causal",
-    "full_document",
-    "causal_document",
-    "sliding_window",
-    "causal_sliding_window",
-    "share_question",
-    "causal_blockwise",
-    "global_sliding_window",
-    "prefix_lm_causal",
-    "prefix_lm_document",
-    "block_causal_document",
-)
 
 
 def main() -> None:

@@ -4,26 +4,11 @@ import numpy as np
 import pytest
 import torch
 
-from longca.masks.registry import build_mask
+from longca.masks.registry import STATIC, build_mask
 from longca.measure.reference import dense_mask_tensor
 
-STATIC = [
-    "full",
-    "causal",
-    "full_document",
-    "causal_document",
-    "sliding_window",
-    "causal_sliding_window",
-    "share_question",
-    "causal_blockwise",
-    "global_sliding_window",
-    "prefix_lm_causal",
-    "prefix_lm_document",
-    "block_causal_document",
-]
 
-
-@pytest.mark.parametrize("name", STATIC + ["block_sparse", "variable_block_sparse"])
+@pytest.mark.parametrize("name", [*STATIC, "block_sparse", "variable_block_sparse"])
 def test_dense_tensor_equals_numpy_dense(name):
     params = {"window": 100} if "sliding" in name else {"block": 64} if name == "block_sparse" else {}
     if name == "variable_block_sparse":

@@ -31,3 +31,8 @@ def test_bad_arguments_name_the_field_and_what_is_allowed(tmp_path: Path, args: 
     with pytest.raises((SystemExit, ValueError), match=message):
         eg.main([str(out), "--spec", str(ROOT / "specs" / "h200.yaml"), *args])
     assert not out.exists()  # nothing opened, no GPU touched
+
+
+def test_python_probe_times_a_fixed_loop_on_the_cpu() -> None:
+    # the CPU-speed probe needs no GPU: a fixed loop's time per step, positive and far under 10 us
+    assert 0 < eg.python_ns(20_000) < 10_000
