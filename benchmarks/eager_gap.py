@@ -98,17 +98,6 @@ def python_ns(steps: int = 200_000) -> float:
     return (time.perf_counter() - t0) / steps * 1e9
 
 
-def launch_host_us(x: torch.Tensor, n: int) -> float:
-    """The host's issue time of one tiny in-place op on x's device, per op (torch's launch path)."""
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        x.add_(1.0)
-    host = (time.perf_counter() - t0) / n * 1e6
-    torch.cuda.synchronize()
-    return host
-
-
 def flush_ms(flush: torch.Tensor, n: int = 20) -> float:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
@@ -158,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
                             row |= {"pass": pass_, "round": r, "device": torch.cuda.get_device_name(device)}
                             row["flush_ms"] = flush_ms(timer._flush)
                             row["python_ns"] = python_ns()
-                            row["launch_host_us"] = launch_host_us(tiny, args.calls)
+                            # torch's launch path alone: the same issue loop over a tiny in-place op
+                            row["launch_host_us"] = fn_host_us(lambda: tiny.add_(1.0), None, args.calls)
                             row["load1"] = os.getloadavg()[0]
                             row["fn_host_us"] = fn_host_us(fn, before, args.calls)
                             row["longca_loop_host_us"], row["longca_loop_ms"] = longca_loop(
