@@ -15,8 +15,10 @@ for the same reason).
 
 from __future__ import annotations
 
+import gc
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.utils._pytree import tree_leaves
@@ -81,6 +83,8 @@ def capture(
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         graph = torch.cuda.CUDAGraph()
+        pool = torch.cuda.graph_pool_handle()  # named here, so that a failed capture's pool can be freed
+        outputs: list[torch.Tensor] = []
         try:
             with torch.cuda.stream(side):
                 if prepare is not None:
@@ -88,21 +92,66 @@ def capture(
                 for _ in range(WARMUP):
                     fn()
             torch.cuda.current_stream(device).wait_stream(side)
-            with torch.cuda.graph(graph, stream=side, capture_error_mode=mode):
+            with torch.cuda.graph(graph, pool=pool, stream=side, capture_error_mode=mode):
                 outputs = [t for t in tree_leaves(fn()) if isinstance(t, torch.Tensor)]
         except Exception as exc:  # the capture ended with the exception: the stream is usable again
-            torch.cuda.synchronize(device)
-            del graph
-            _end_generator_capture(device)
             reason = f"not capturable in a CUDA graph: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
-            if attempt < ATTEMPTS:
-                warnings.warn(
-                    f"capture attempt {attempt} of {ATTEMPTS} ({mode} mode) failed: {reason}", CaptureRetryWarning, 2
-                )
-            continue
+        else:
+            torch.cuda.synchronize(device)
+            return Captured(graph, outputs, device), None
+        # after the except clause, whose exception (and the frames its traceback holds) is gone
         torch.cuda.synchronize(device)
-        return Captured(graph, outputs, device), None
+        del graph, outputs
+        _free_pool(device, pool)
+        _end_generator_capture(device)
+        if attempt < ATTEMPTS:
+            warnings.warn(
+                f"capture attempt {attempt} of {ATTEMPTS} ({mode} mode) failed: {reason}", CaptureRetryWarning, 2
+            )
     return None, reason
+
+
+# Pools of failed captures that still hold memory after _free_pool: the process should end after
+# its cell (longca.run.worker restarts it), since no later cell can use that memory.
+_held: set[tuple[int, int]] = set()
+
+
+def _free_pool(device: torch.device, pool: tuple[int, int]) -> None:
+    """Give back the memory pool of a capture that failed. PyTorch up to at least 2.11 keeps it
+    for the life of the process: its CUDAGraph releases a pool only after a capture that completed
+    (pytorch/pytorch#190348). On the H200, two failed captures of 256K linear-attention cells held
+    139.5 GiB, and every later cell of the process ran out of memory. Where the graph released it
+    (a PyTorch with that fix), `empty_cache` frees it and nothing more is done."""
+    gc.collect()  # the capture's tensors may be held in reference cycles
+    torch.cuda.empty_cache()
+    state = pool_state(torch.cuda.memory_snapshot(), pool)
+    if state == "leaked":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        torch._C._cuda_releasePool(index, pool)  # the reference the failed capture kept
+        torch.cuda.empty_cache()
+        state = pool_state(torch.cuda.memory_snapshot(), pool)
+    if state != "free":
+        _held.add(pool)
+
+
+def pool_state(segments: list[dict[str, Any]], pool: tuple[int, int]) -> str:
+    """What a memory snapshot (`torch.cuda.memory_snapshot()`, after `empty_cache`) says of a
+    pool: "free" (no segment left), "leaked" (segments that hold no tensor: only a pool reference
+    keeps them, since `empty_cache` frees an unreferenced pool's free segments) or "in use" (some
+    tensor still lives in it; releasing the pool's reference then could release it twice)."""
+    mine = [s for s in segments if tuple(s["segment_pool_id"]) == tuple(pool)]
+    if not mine:
+        return "free"
+    return "in use" if any(s["allocated_size"] for s in mine) else "leaked"
+
+
+def held_by_failed_captures() -> int:
+    """Bytes that failed captures of this process still hold (0 on a machine without CUDA)."""
+    if not _held or not torch.cuda.is_available():
+        return 0
+    segments = torch.cuda.memory_snapshot()
+    _held.difference_update({p for p in _held if pool_state(segments, p) == "free"})
+    return sum(s["total_size"] for s in segments if tuple(s["segment_pool_id"]) in _held)
 
 
 def _end_generator_capture(device: torch.device) -> None:

@@ -7,8 +7,9 @@ cell that was running, which the supervisor records as an `error` row.
 Protocol on the status pipe, one line each: `START <i>` before cell i, `DRAW <i> <k>` after its
 draw k is measured, `DONE <i>` after its file is written, `SKIP <i>` for a cell left for a later run
 (with its finished draws kept) because its next draw does not fit in the time the run has left
-(longca.run.time_left). Exit code 3 asks for a restart (the CUDA
-context is unusable after a CUDA error).
+(longca.run.time_left). Exit code 3 asks for a restart: the CUDA context is unusable after a CUDA
+error, and memory a failed CUDA-graph capture keeps is lost to every later cell of the process
+(longca.measure.graphs).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ def main(argv: list[str]) -> int:
     status = os.fdopen(status_fd, "w", buffering=1)
 
     from longca.kernels.registry import load_all
+    from longca.measure.graphs import held_by_failed_captures
     from longca.run.cell import CellCaches, run_cell
     from longca.run.rows import summarize
     from longca.run.time_left import LeftForLater, TimeLeft
@@ -70,15 +72,29 @@ def main(argv: list[str]) -> int:
         except LeftForLater as later:
             print(f"[longca] {cell.id}: {later}", file=sys.stderr, flush=True)
             status.write(f"SKIP {i}\n")
+            if _held_memory(held_by_failed_captures()):
+                return EXIT_RESTART
             continue
         write_rows(path, rows)
         clear_draws(path)
         kernel_s += sum(r.get("_kernel_s", 0.0) for r in rows)
         print(f"[longca] {cell.id}: {summarize(rows)}", file=sys.stderr, flush=True)
         status.write(f"DONE {i} {kernel_s:.6f} {time.perf_counter() - t0:.6f}\n")
-        if any(r.get("_fatal") for r in rows):
+        if any(r.get("_fatal") for r in rows) or _held_memory(held_by_failed_captures()):
             return EXIT_RESTART
     return 0
+
+
+def _held_memory(nbytes: int) -> bool:
+    """Whether failed captures hold memory that later cells would miss (then say so: the worker
+    restarts)."""
+    if nbytes:
+        print(
+            f"[longca] failed CUDA-graph captures hold {nbytes / 2**30:.1f} GiB: restarting the worker",
+            file=sys.stderr,
+            flush=True,
+        )
+    return bool(nbytes)
 
 
 def _drew(status, i: int, k: int, ends: list[float]) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from longca.measure.graphs import ATTEMPTS, WARMUP, CaptureRetryWarning, capture
+from longca.measure.graphs import ATTEMPTS, WARMUP, CaptureRetryWarning, capture, held_by_failed_captures, pool_state
 from longca.measure.timer import CudaTimer
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
@@ -14,6 +14,49 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA grap
 
 def test_on_the_cpu_there_is_no_graph():
     assert capture(lambda: None, torch.device("cpu")) == (None, "no CUDA graphs on cpu")
+
+
+def test_a_pool_is_free_leaked_or_in_use_by_what_its_segments_hold():
+    """From `torch.cuda.memory_snapshot()` after `empty_cache`: no segment of the pool is free;
+    segments holding no tensor are kept by a pool reference alone (the failed capture's, which is
+    then released); a segment holding a tensor is in use (its reference must not be released)."""
+    pool, other = (0, 7), (0, 8)
+
+    def seg(pool_id, allocated):
+        return {"segment_pool_id": pool_id, "allocated_size": allocated, "total_size": 2 << 20}
+
+    assert pool_state([], pool) == "free"
+    assert pool_state([seg(other, 0), seg(other, 512)], pool) == "free"
+    assert pool_state([seg(pool, 0), seg(pool, 0), seg(other, 512)], pool) == "leaked"
+    assert pool_state([seg(pool, 0), seg(list(pool), 512)], pool) == "in use"
+
+
+def test_no_failed_capture_holds_memory_in_this_process():
+    """Without CUDA none can; with it, every failed capture of the tests before gave its pool back."""
+    assert held_by_failed_captures() == 0
+
+
+@needs_cuda
+def test_a_failed_capture_gives_its_memory_back():
+    """A capture that fails keeps its memory pool for the life of the process in PyTorch up to at
+    least 2.11; `capture` gives it back, so a later cell has the whole device."""
+    dev = torch.device("cuda")
+    x = torch.ones(4, device=dev)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved(dev)
+    size = 256 << 20
+
+    def call():
+        torch.empty(size, dtype=torch.uint8, device=dev).fill_(1)  # inside a capture: from its pool
+        return x.sum().item()  # ends any capture
+
+    with pytest.warns(CaptureRetryWarning):
+        for _ in range(3):
+            assert capture(call, dev)[0] is None
+    torch.cuda.empty_cache()
+    assert torch.cuda.memory_reserved(dev) - before < size
+    assert held_by_failed_captures() == 0
 
 
 @needs_cuda
