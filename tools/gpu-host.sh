@@ -20,7 +20,7 @@
 # 3. `longca run` measures them, one process per visible GPU (`--shard g/N`), stopped by SIGTERM
 #    (the chunk supervisor ends its workers and records nothing half-written) when time is up.
 # 4. OUTDIR gets <name>.parquet (the committed rows plus this call's), logs.tar.gz, env.txt and
-#    the two caches for the next call, and draws.tar.gz: the finished draws of cells stopped by the
+#    the two caches for the next call (FA4's compiled kernels, Triton's autotuning choices), and draws.tar.gz: the finished draws of cells stopped by the
 #    time limit (carry it as .draws/draws.tar.gz; the next call measures only their other draws).
 #    Copy <name>.parquet to results/<name>/all.parquet, commit, and call again until
 #    `longca plan SPEC --rows results/<name>/all.parquet` lists nothing to run. With `--results DIR`
@@ -139,7 +139,10 @@ done > "$logs/draws.txt"
   && echo "gpu-host: $(wc -l < "$logs/draws.txt") finished draws of unfinished cells in draws.tar.gz"
 tar -C "$logs" -czf "$out/logs.tar.gz" .
 tar -C "$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR" -cJf "$out/fa4-cache.tar.xz" . 2>/dev/null
-tar -C "$TRITON_CACHE_DIR" -czf "$out/triton-autotune.tar.gz" . 2>/dev/null
+# Triton's cache: only the autotuning choices (`*.autotune.json`, what TRITON_CACHE_AUTOTUNING
+# writes). With the compiled kernels beside them the cache outgrew what a lent machine returns (16
+# MiB a file), and compiling the chosen configuration again takes seconds, tuning minutes.
+(cd "$TRITON_CACHE_DIR" && find . -name '*.autotune.json' -print0 | tar --null -czf "$out/triton-autotune.tar.gz" -T -) 2>/dev/null
 tail -n 3 "$logs"/run-*.log "$logs/aggregate.log" 2>/dev/null
 head -n 1 "$out/plan.txt"
 echo "gpu-host: $((SECONDS - start)) s"

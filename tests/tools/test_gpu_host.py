@@ -152,6 +152,21 @@ def test_finished_draws_of_unfinished_cells_travel_to_the_next_call(tmp_path: Pa
         assert tar.getnames() == [str(cells / "cell-aaa.draw-0.partial")]
 
 
+def test_a_call_returns_tritons_autotuning_choices_without_its_compiled_kernels(tmp_path: Path) -> None:
+    # The whole cache outgrew what a lent machine returns; the choices are what saves minutes.
+    import tarfile
+
+    work, out = _tree(tmp_path, unreadable_aggregate=False), tmp_path / "out"
+    cache = work / ".triton-cache"
+    for name, data in (("a1/chunk_fwd.autotune.json", b"{}"), ("b2/chunk_fwd.cubin", b"\0" * 4096)):
+        (cache / name).parent.mkdir(parents=True, exist_ok=True)
+        (cache / name).write_bytes(data)
+    done = _call(work, out, 45)  # no time for cells: set up, then return
+    assert done.returncode == 0, done.stderr
+    with tarfile.open(out / "triton-autotune.tar.gz") as tar:
+        assert [n for n in tar.getnames() if not tar.getmember(n).isdir()] == ["./a1/chunk_fwd.autotune.json"]
+
+
 def test_a_call_passes_its_time_left_and_the_projections_to_the_run(tmp_path: Path) -> None:
     # gpu-calls.sh leaves results/<name>/estimates.parquet beside the carried rows; the call hands it
     # to `longca run` with its time left (which cells fit: tests/run/test_time_left.py). Here it is
