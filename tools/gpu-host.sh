@@ -20,8 +20,9 @@
 # 3. `longca run` measures them, one process per visible GPU (`--shard g/N`), stopped by SIGTERM
 #    (the chunk supervisor ends its workers and records nothing half-written) when time is up.
 # 4. OUTDIR gets <name>.parquet (the committed rows plus this call's), logs.tar.gz, env.txt and
-#    the two caches for the next call (FA4's compiled kernels, Triton's autotuning choices), and draws.tar.gz: the finished draws of cells stopped by the
-#    time limit (carry it as .draws/draws.tar.gz; the next call measures only their other draws).
+#    the two caches for the next call (FA4's compiled kernels, Triton's autotuning choices), and
+#    draws.tar.gz: the finished draws of cells stopped by the time limit (carry it as
+#    .draws/draws.tar.gz; the next call measures only their other draws).
 #    Copy <name>.parquet to results/<name>/all.parquet, commit, and call again until
 #    `longca plan SPEC --rows results/<name>/all.parquet` lists nothing to run. With `--results DIR`
 #    among the run's arguments (a re-run check into another folder), nothing is restored and

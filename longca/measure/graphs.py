@@ -149,9 +149,7 @@ def held_by_failed_captures() -> int:
     """Bytes that failed captures of this process still hold (0 on a machine without CUDA)."""
     if not _held or not torch.cuda.is_available():
         return 0
-    segments = torch.cuda.memory_snapshot()
-    _held.difference_update({p for p in _held if pool_state(segments, p) == "free"})
-    return sum(s["total_size"] for s in segments if tuple(s["segment_pool_id"]) in _held)
+    return sum(s["total_size"] for s in torch.cuda.memory_snapshot() if tuple(s["segment_pool_id"]) in _held)
 
 
 def _end_generator_capture(device: torch.device) -> None:

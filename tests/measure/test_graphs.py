@@ -17,7 +17,7 @@ def test_on_the_cpu_there_is_no_graph():
 
 
 def test_a_pool_is_free_leaked_or_in_use_by_what_its_segments_hold():
-    """From `torch.cuda.memory_snapshot()` after `empty_cache`: no segment of the pool is free;
+    """From `torch.cuda.memory_snapshot()` after `empty_cache`: a pool with no segment is free;
     segments holding no tensor are kept by a pool reference alone (the failed capture's, which is
     then released); a segment holding a tensor is in use (its reference must not be released)."""
     pool, other = (0, 7), (0, 8)
