@@ -500,6 +500,7 @@ def run_cell(
     keep_draws: str | Path | None = None,
     on_draw: Callable[[int], None] | None = None,
     may_start: Callable[[int], str | None] | None = None,
+    on_checked: Callable[[], None] | None = None,
 ) -> list[dict[str, Any]]:
     """All rows of one cell (one per mask sample), never raising for the cell's own failures.
     `caches`: what earlier cells of this process left for this one (none: a fresh start).
@@ -510,7 +511,8 @@ def run_cell(
     then starts again: `timeout_s` bounds one draw of a sampled mask, not all of them).
     `may_start(k)`: asked before draw k is measured; a reason stops the cell there by raising
     LeftForLater, its finished draws kept (longca.run.time_left: the draw does not fit in the time
-    the run has left).
+    the run has left). `on_checked()`: called when the check has passed, before the first draw (the
+    worker times a first draw from there: a check that autotunes can take minutes, a draw seconds).
 
     Rows whose key `_fatal` is true ask the caller to restart the process (a CUDA error leaves the
     context unusable).
@@ -537,6 +539,8 @@ def run_cell(
             check_s = 0.0 if check["cached"] else time.perf_counter() - t_check
             t_check = None
             failed = check_verdict(cell, check)
+        if not failed and on_checked is not None:
+            on_checked()
         if failed:  # an incorrect cell keeps its wall and check time like any other
             rows = [status_row(cell, Status.INCORRECT, failed, **check_columns(check))]
         else:

@@ -9,7 +9,8 @@ a draw of a single-device cell whose share of the projection (the cell's seconds
 times MARGIN) exceeds the time left is not started: the cell is left for a later run with the draws it finished
 kept, and no file and no row are written; a line in the log says so. The run goes on with the next
 cells, which may fit; a call with nothing left that fits ends early, and its device time goes to the
-next call. After a cell's first draw in a run, what that draw took counts too, where it is longer. A cell
+next call. After a cell's first draw in a run, what that draw took counts too, where it is longer (a
+first draw timed from the end of the cell's check, which autotuning can make minutes long). A cell
 without a projection runs its first draw (nothing says it does not fit), and so does a draw
 projected longer than the whole run (`total_s`: no call would ever fit it, so it runs as it would
 without estimates, stopped at the limit). CP cells run as a group of processes

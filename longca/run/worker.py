@@ -54,7 +54,7 @@ def main(argv: list[str]) -> int:
         cell = Cell.from_json(cell_json)
         # a draw that does not fit in the time left is not started (longca.run.time_left): first
         # here, before the cell's check (unless every draw is kept already), then before each draw
-        drawn = [time.time()]  # when the cell, then each of its draws, ended: what a draw takes
+        drawn = [time.time()]  # when the cell's check, then each of its draws, ended: what a draw takes
         may_start = (
             (lambda k, cell=cell, drawn=drawn: time_left.refusal(cell, last_draw_s=_last(drawn))) if time_left else None
         )
@@ -68,6 +68,7 @@ def main(argv: list[str]) -> int:
                 keep_draws=path,
                 on_draw=lambda k, i=i, drawn=drawn: _drew(status, i, k, drawn),
                 may_start=may_start,
+                on_checked=lambda drawn=drawn: drawn.__setitem__(-1, time.time()),
             )
         except LeftForLater as later:
             print(f"[longca] {cell.id}: {later}", file=sys.stderr, flush=True)
@@ -104,8 +105,8 @@ def _drew(status, i: int, k: int, ends: list[float]) -> None:
 
 
 def _last(ends: list[float]) -> float | None:
-    """The seconds between the last two entries (the last draw's, check included for a first
-    draw), or None before a draw has ended."""
+    """The seconds between the last two entries (the last draw's: a first draw's from the end of
+    the cell's check), or None before a draw has ended."""
     return ends[-1] - ends[-2] if len(ends) > 1 else None
 
 

@@ -160,3 +160,42 @@ def test_the_worker_counts_what_a_cells_last_draw_took(tmp_path, monkeypatch):
     with os.fdopen(read_fd) as pipe:
         assert pipe.read().split("\n") == ["START 0", "DRAW 0 0", "SKIP 0", ""]
     assert draw_file(out, 0).is_file() and not draw_file(out, 1).is_file() and not Path(out).exists()
+
+
+def test_a_first_draw_is_timed_from_the_end_of_the_cells_check(tmp_path, monkeypatch):
+    # A check that autotunes takes minutes where a draw takes seconds (fla at 256K on the H200: a
+    # 125 s first draw, 110 s of it the check). Here the check takes 100 s of a fake clock and a draw
+    # none: timed from the check's end, the first draw took 0 s, so the second (1.25 x 1 s by the
+    # projection) fits in the 10 s left and all three draws run; timed from the cell's start it
+    # would need 125 s and be refused.
+    import json
+    import os
+    import types
+
+    import longca.run.cell as cell_module
+    import longca.run.time_left as time_left_module
+    import longca.run.worker as worker
+
+    spec, cells = _cells(tmp_path)
+    doc = next(c for c in cells if c.mask == "causal_document" and c.kernel == "naive")
+    out = doc.output(tmp_path / "results")
+    now = [1000.0]
+    clock = types.SimpleNamespace(time=lambda: now[0], perf_counter=lambda: 0.0)
+    monkeypatch.setattr(worker, "time", clock)
+    monkeypatch.setattr(time_left_module, "time", clock)
+    check = cell_module.check_correctness
+
+    def slow_check(*args, **kwargs):
+        now[0] += 100.0
+        return check(*args, **kwargs)
+
+    monkeypatch.setattr(cell_module, "check_correctness", slow_check)
+    rule = TimeLeft(stop_at=1110.0, total_s=500.0, estimates={doc.digest: 3.0})
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({"cells": [doc.to_json()], "outputs": [out], "time_left": rule.to_json()}))
+    read_fd, write_fd = os.pipe()
+    assert worker.main([str(job), str(write_fd)]) == 0
+    with os.fdopen(read_fd) as pipe:
+        lines = pipe.read().split("\n")
+    assert lines[:4] == ["START 0", "DRAW 0 0", "DRAW 0 1", "DRAW 0 2"] and lines[4].startswith("DONE 0")
+    assert [r["mask_sample"] for r in pq.read_table(out).to_pylist()] == [0, 1, 2]
