@@ -120,13 +120,21 @@ def _free_pool(device: torch.device, pool: tuple[int, int]) -> None:
     """Give back the memory pool of a capture that failed. PyTorch up to at least 2.11 keeps it
     for the life of the process: its CUDAGraph releases a pool only after a capture that completed
     (pytorch/pytorch#190348). On the H200, two failed captures of 256K linear-attention cells held
-    139.5 GiB, and every later cell of the process ran out of memory. Where the graph released it
-    (a PyTorch with that fix), `empty_cache` frees it and nothing more is done."""
+    139.5 GiB, and every later cell of the process ran out of memory. Its failed end also skipped
+    ending the allocator's capture (`endAllocateToPool`), which is done here first. Where the graph
+    released the pool (a PyTorch with that fix), `empty_cache` frees it and nothing more is done."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    try:
+        # A capture whose end failed never told the allocator it ended: while the allocator counts
+        # a capture underway it defers every freed block's reuse, and `empty_cache` frees none of
+        # them (on the H100, each failed capture of a 256 MiB call then held 256 MiB more).
+        torch._C._cuda_endAllocateToPool(index, pool)
+    except RuntimeError:  # "not currently recording to mempool_id": the capture's end told it
+        pass
     gc.collect()  # the capture's tensors may be held in reference cycles
     torch.cuda.empty_cache()
     state = pool_state(torch.cuda.memory_snapshot(), pool)
     if state == "leaked":
-        index = device.index if device.index is not None else torch.cuda.current_device()
         torch._C._cuda_releasePool(index, pool)  # the reference the failed capture kept
         torch.cuda.empty_cache()
         state = pool_state(torch.cuda.memory_snapshot(), pool)

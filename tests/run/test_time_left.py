@@ -164,7 +164,7 @@ def test_the_worker_counts_what_a_cells_last_draw_took(tmp_path, monkeypatch):
 
 def test_a_first_draw_is_timed_from_the_end_of_the_cells_check(tmp_path, monkeypatch):
     # A check that autotunes takes minutes where a draw takes seconds (fla at 256K on the H200: a
-    # 125 s first draw, 110 s of it the check). Here the check takes 100 s of a fake clock and a draw
+    # 125 s first draw, its check autotuning fla). Here the check takes 100 s of a fake clock and a draw
     # none: timed from the check's end, the first draw took 0 s, so the second (1.25 x 1 s by the
     # projection) fits in the 10 s left and all three draws run; timed from the cell's start it
     # would need 125 s and be refused.
