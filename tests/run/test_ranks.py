@@ -167,8 +167,15 @@ def test_cells_become_rows(tmp_path):
     assert ok["backend"] == "naive" and ok["mask_form"] == "slices" and ok["device_count"] == 2
 
     adaptive = rows["adaptive"]
-    assert adaptive["status"] == "ok" and adaptive["ci_target"] == 0.5 and adaptive["ci_met"] is True
+    assert adaptive["status"] == "ok" and adaptive["ci_target"] == 0.5
     assert adaptive["timed_iters"] >= 6 and adaptive["ci_low_ms"] <= adaptive["median_ms"] <= adaptive["ci_high_ms"]
+    # Two gloo ranks sharing two cores time alike calls differently from run to run, so whether
+    # +-50% is reached varies (1 run in 6 missed it at 64 tokens): the row says truly whether it
+    # was, and a rank stops short of the cap and the budget only once it is.
+    med = adaptive["median_ms"]
+    half = max(med - adaptive["ci_low_ms"], adaptive["ci_high_ms"] - med) / med
+    assert adaptive["ci_met"] is (half <= 0.5)
+    assert adaptive["ci_met"] or adaptive["timed_iters"] == 200 or adaptive["timer_wall_s"] >= 5.0
     assert ok["ci_target"] is None and ok["ci_low_ms"] <= ok["median_ms"] <= ok["ci_high_ms"]
 
     usp = rows["ok_usp_fwd"]
