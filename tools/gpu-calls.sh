@@ -114,7 +114,7 @@ held = {d for (d,) in duckdb.execute("SELECT DISTINCT cell_digest FROM read_parq
 moved = {d for (d,) in duckdb.execute("SELECT DISTINCT cell_digest FROM read_parquet(?)", [reruns]).fetchall()}
 back = sorted((moved & current) - held)  # current cells with rows only in the re-run table
 if back:
-    rows, cells = move_cells(reruns, agg, "cell_digest IN (" + ", ".join(f"'{d}'" for d in back) + ")")
+    rows, cells, _ = move_cells(reruns, agg, "cell_digest IN (" + ", ".join(f"'{d}'" for d in back) + ")")
     print(f"gpu-calls: {cells} moved cells no call measured again: back in {agg} with their {rows} rows")
 EOF
     echo "gpu-calls: $agg written; rebuild the report (the set's README has the command) and commit"

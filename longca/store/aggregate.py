@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 from longca.spec.cells import CP_PARTITION_KEYS, cell_relpath
 
@@ -126,13 +128,25 @@ def keep_rows_outside(new_file: str | Path, old_file: str | Path) -> int:
     return kept.num_rows
 
 
-def move_cells(src: str | Path, dst: str | Path, where: str) -> tuple[int, int]:
+class Moved(NamedTuple):
+    """What move_cells did: rows and cells moved, and matching cells left because not current."""
+
+    rows: int
+    cells: int
+    not_current: int
+
+
+def move_cells(src: str | Path, dst: str | Path, where: str, current: Collection[str] | None = None) -> Moved:
     """Move every row of the cells (digests) of which a row of `src` matches the SQL predicate
     `where` (DuckDB, over `src`'s columns) from `src` to `dst` (created if absent), each written
     atomically; returns (rows, cells) moved. For a published cell that must be measured again under
     the same digest (a row that records a limit the code no longer has): once out of the aggregate
     it is missing, so the next run measures it, and its earlier rows stay in `dst` (a re-run table:
-    the two runs of one digest are a pair for the move between runs)."""
+    the two runs of one digest are a pair for the move between runs).
+
+    `current`: the digests of the spec's cells. A matching cell outside them (a superseded digest)
+    stays: no run would measure it again, so moving it would only drop its rows from the published
+    set; `not_current` counts such cells."""
     import duckdb
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -147,14 +161,16 @@ def move_cells(src: str | Path, dst: str | Path, where: str) -> tuple[int, int]:
         digests = [d for (d,) in con.execute(f"SELECT DISTINCT cell_digest FROM src WHERE {where}").fetchall() if d]
     except duckdb.Error as exc:
         raise ValueError(f"where {where!r}: not a predicate over {src}'s columns ({exc})") from None
+    stale = [d for d in digests if current is not None and d not in current]
+    digests = [d for d in digests if d not in stale]
     chosen = pc.is_in(table["cell_digest"], value_set=pa.array(digests, pa.string()))
     moved = table.filter(chosen)
     if not moved.num_rows:
-        return 0, 0
+        return Moved(0, 0, len(stale))
     parts = ([pq.read_table(dst)] if Path(dst).exists() else []) + [moved]
     write_table(dst, _union_tables(parts), level=PUBLISHED_ZSTD_LEVEL)  # the aggregate's union: time zones
     write_table(src, table.filter(pc.invert(chosen)), level=PUBLISHED_ZSTD_LEVEL)
-    return moved.num_rows, len(digests)
+    return Moved(moved.num_rows, len(digests), len(stale))
 
 
 # One measurement of one draw of one cell: a second row with these values is the same row twice.

@@ -112,15 +112,16 @@ def test_move_cells_takes_every_row_of_a_matching_cell_out_of_the_aggregate(tmp_
         files.append(str(path))
     src, dst = tmp_path / "all.parquet", tmp_path / "reruns.parquet"
     aggregate(files, src)
-    assert move_cells(src, dst, "median_ms < 1 AND cell_digest <> 'c'") == (2, 1)
+    assert move_cells(src, dst, "median_ms < 1 AND cell_digest <> 'c'") == (2, 1, 0)
     assert sorted({r["cell_digest"] for r in pq.read_table(src).to_pylist()}) == ["b", "c"]
     assert sorted((r["cell_digest"], r["median_ms"]) for r in pq.read_table(dst).to_pylist()) == [
         ("a", 0.5),
         ("a", 30.0),
     ]
-    assert move_cells(src, dst, "median_ms < 1") == (1, 1)  # appended to the table already there
+    assert move_cells(src, dst, "median_ms < 1", current={"b"}) == (0, 0, 1)  # "c" is not current: it stays
+    assert move_cells(src, dst, "median_ms < 1") == (1, 1, 0)  # appended to the table already there
     assert pq.read_table(dst).num_rows == 3 and pq.read_table(src).num_rows == 2
-    assert move_cells(src, dst, "median_ms < 1") == (0, 0)  # nothing left to move: nothing written
+    assert move_cells(src, dst, "median_ms < 1") == (0, 0, 0)  # nothing left to move: nothing written
     with pytest.raises(ValueError, match="not a predicate over"):
         move_cells(src, dst, "no_such_column > 1")
 
@@ -143,7 +144,7 @@ def test_move_cells_joins_a_table_whose_timestamps_another_tool_wrote(tmp_path: 
     old = written.filter(pc.equal(written["cell_digest"], "b"))
     i = old.schema.get_field_index("timestamp")
     pq.write_table(old.set_column(i, "timestamp", old.column(i).cast(pa.timestamp("us", tz="Etc/UTC"))), dst)
-    assert move_cells(src, dst, "cell_digest = 'a'") == (1, 1)
+    assert move_cells(src, dst, "cell_digest = 'a'") == (1, 1, 0)
     table = pq.read_table(dst)
     assert table.schema.field("timestamp").type == SCHEMA.field("timestamp").type
     assert sorted(table.column("cell_digest").to_pylist()) == ["a", "b"]
