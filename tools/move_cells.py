@@ -24,7 +24,7 @@ from longca.store.aggregate import move_cells
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("spec", help="the spec whose current cells may move (its YAML file)")
+    p.add_argument("spec", help="the spec whose current cells may move (its YAML file; not read with --any-digest)")
     p.add_argument("src", help="the aggregate to take the cells from (rewritten without them)")
     p.add_argument("dst", help="the table to append their rows to (created if absent)")
     p.add_argument("--where", required=True, help="a DuckDB predicate over the rows' columns")
@@ -34,8 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     from longca.spec.load import load_spec
 
     try:
-        current = {c.digest for c in expand(load_spec(args.spec))}
-        moved = move_cells(args.src, args.dst, args.where, None if args.any_digest else current)
+        current = None if args.any_digest else {c.digest for c in expand(load_spec(args.spec))}
+        moved = move_cells(args.src, args.dst, args.where, current)
     except (ValueError, FileNotFoundError) as exc:
         print(f"move_cells: {exc}", file=sys.stderr)
         return 2

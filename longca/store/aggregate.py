@@ -139,7 +139,7 @@ class Moved(NamedTuple):
 def move_cells(src: str | Path, dst: str | Path, where: str, current: Collection[str] | None = None) -> Moved:
     """Move every row of the cells (digests) of which a row of `src` matches the SQL predicate
     `where` (DuckDB, over `src`'s columns) from `src` to `dst` (created if absent), each written
-    atomically; returns (rows, cells) moved. For a published cell that must be measured again under
+    atomically; returns what moved (Moved). For a published cell that must be measured again under
     the same digest (a row that records a limit the code no longer has): once out of the aggregate
     it is missing, so the next run measures it, and its earlier rows stay in `dst` (a re-run table:
     the two runs of one digest are a pair for the move between runs).
@@ -161,7 +161,7 @@ def move_cells(src: str | Path, dst: str | Path, where: str, current: Collection
         digests = [d for (d,) in con.execute(f"SELECT DISTINCT cell_digest FROM src WHERE {where}").fetchall() if d]
     except duckdb.Error as exc:
         raise ValueError(f"where {where!r}: not a predicate over {src}'s columns ({exc})") from None
-    stale = [d for d in digests if current is not None and d not in current]
+    stale = set() if current is None else set(digests) - set(current)
     digests = [d for d in digests if d not in stale]
     chosen = pc.is_in(table["cell_digest"], value_set=pa.array(digests, pa.string()))
     moved = table.filter(chosen)
