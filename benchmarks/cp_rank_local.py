@@ -15,8 +15,9 @@ rank's output is checked against the float32 reference at `--check-seqlen` total
 `--pass bwd` times a rank's local backward instead: every ring step's `kernel.bwd` on the combined
 (out, LSE) of the rank's forward, and the float32 accumulation of its gradients (what `ring_bwd`
 computes between transfers); the check then compares every rank's dq and the summed dk, dv with the
-reference gradients. `--also-autograd` times the same steps through `bwd_by_autograd` (the step's
-forward run again under autograd: the CP Flex backward before longca.kernels.flex_backward) beside it.
+reference gradients. With `--kernel flex`, `--also-autograd` times the same steps through
+`bwd_by_autograd` (the step's forward run again under autograd: the CP Flex backward before
+longca.kernels.flex_backward) beside it.
 The single-device baseline is then the kernel's backward alone (a fresh untimed forward before each
 timed backward, as the sweeps' default protocol).
 
@@ -279,6 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     kernel = rank_kernel(args.kernel)
+    if args.also_autograd and (args.pass_ != "bwd" or not hasattr(kernel, "_call")):
+        # only Flex keeps a differentiable step forward (`_call`) beside its backward kernel
+        ap.error(f"--also-autograd needs --pass bwd and --kernel flex, not --pass {args.pass_} --kernel {args.kernel}")
     timer = timer_for(device, l2_flush=device.type == "cuda")
     rep = {"warmup": 3, "iters": args.iters, "min_iters": 5, "budget_s": 3.0}
     rows = []
@@ -286,34 +290,9 @@ def main(argv: list[str] | None = None) -> int:
         hq, hk = (int(x) for x in heads.split(":"))
         for mask_name in args.masks:
             try:
-                if args.pass_ == "fwd":
-                    errs = {
-                        "out": check(
-                            mask_name,
-                            args.world,
-                            hq,
-                            hk,
-                            args.head_dim,
-                            dtype,
-                            kernel,
-                            device,
-                            args.mechanism,
-                            args.check_seqlen,
-                        )
-                    }
-                else:
-                    errs = check_bwd(
-                        mask_name,
-                        args.world,
-                        hq,
-                        hk,
-                        args.head_dim,
-                        dtype,
-                        kernel,
-                        device,
-                        args.mechanism,
-                        args.check_seqlen,
-                    )
+                checked = (mask_name, args.world, hq, hk, args.head_dim, dtype, kernel, device)
+                checked += (args.mechanism, args.check_seqlen)
+                errs = {"out": check(*checked)} if args.pass_ == "fwd" else check_bwd(*checked)
             except Exception:  # noqa: BLE001 - recorded; the next configuration still runs
                 errs = {"failure": traceback.format_exc()}
             for per_gpu in args.tokens_per_gpu:
@@ -330,41 +309,12 @@ def main(argv: list[str] | None = None) -> int:
                     row["status"] = "incorrect"
                 else:
                     try:
+                        shape = (mask_name, args.world, per_gpu, hq, hk, args.head_dim, dtype, kernel, device)
+                        timing = (args.mechanism, timer, rep)
                         if args.pass_ == "fwd":
-                            row.update(
-                                measure(
-                                    mask_name,
-                                    args.world,
-                                    per_gpu,
-                                    hq,
-                                    hk,
-                                    args.head_dim,
-                                    dtype,
-                                    kernel,
-                                    device,
-                                    args.mechanism,
-                                    timer,
-                                    rep,
-                                )
-                            )
+                            row.update(measure(*shape, *timing))
                         else:
-                            row.update(
-                                measure_bwd(
-                                    mask_name,
-                                    args.world,
-                                    per_gpu,
-                                    hq,
-                                    hk,
-                                    args.head_dim,
-                                    dtype,
-                                    kernel,
-                                    device,
-                                    args.mechanism,
-                                    timer,
-                                    rep,
-                                    args.also_autograd,
-                                )
-                            )
+                            row.update(measure_bwd(*shape, *timing, args.also_autograd))
                         if args.single != "none":
                             row.update(
                                 single_device(

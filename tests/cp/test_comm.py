@@ -71,51 +71,45 @@ def test_local_comm_refuses_what_it_cannot_play():
         comm.all_to_all([torch.zeros(1), torch.zeros(1)], 0, None)
 
 
-def test_rank_local_benchmark_runs_end_to_end_on_the_cpu(tmp_path):
-    """benchmarks/cp_rank_local.py (the one-GPU diagnostic of a rank's CP forward) on tiny CPU
-    sizes: every rank checked, timed, and its area counted; CPU times mean nothing."""
+def _rank_local_benchmark():
     import importlib.util
-    import json
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[2] / "benchmarks" / "cp_rank_local.py"
     spec = importlib.util.spec_from_file_location("cp_rank_local", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+_TINY = ["--device", "cpu", "--kernel", "naive", "--single", "naive", "--masks", "causal", "--tokens-per-gpu", "32"]
+_TINY += ["--heads", "4:2", "--head-dim", "8", "--dtype", "float32", "--check-seqlen", "64", "--world", "4"]
+_TINY += ["--iters", "5"]
+
+
+@pytest.mark.parametrize("pass_", ["fwd", "bwd"])
+def test_rank_local_benchmark_runs_end_to_end_on_the_cpu(tmp_path, pass_):
+    """benchmarks/cp_rank_local.py (the one-GPU diagnostic of a rank's CP forward or backward) on
+    tiny CPU sizes: every rank checked, timed, and its area counted; CPU times mean nothing."""
+    import json
+
     out = tmp_path / "rows.json"
-    assert (
-        bench.main(
-            [
-                str(out),
-                "--device",
-                "cpu",
-                "--kernel",
-                "naive",
-                "--single",
-                "naive",
-                "--masks",
-                "causal",
-                "--tokens-per-gpu",
-                "32",
-                "--heads",
-                "4:2",
-                "--head-dim",
-                "8",
-                "--dtype",
-                "float32",
-                "--check-seqlen",
-                "64",
-                "--world",
-                "4",
-                "--iters",
-                "5",
-            ]
-        )
-        == 0
-    )
+    assert _rank_local_benchmark().main([str(out), *_TINY, "--pass", pass_]) == 0
     (row,) = json.loads(out.read_text())
     assert row["status"] == "ok" and row["rel_err_out"] < 1e-5 and len(row["ranks"]) == 4
+    if pass_ == "bwd":
+        assert max(row[f"rel_err_d{x}"] for x in "qkv") < 1e-5
     assert sum(r["area"] for r in row["ranks"]) == build_mask("causal", 128).area  # zigzag: every pair once
     assert len({r["area"] for r in row["ranks"]}) == 1  # and balanced
     assert row["cp_per_gpu_tflops"] > 0 and row["single_tflops"] > 0
-    assert row["native_gqa"] is None  # recorded for sdpa's local kernels, which choose; naive has no choice
+    if pass_ == "fwd":
+        assert row["native_gqa"] is None  # recorded for sdpa's local kernels, which choose; naive has no choice
+
+
+def test_rank_local_benchmark_refuses_autograd_timing_without_a_differentiable_step(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        _rank_local_benchmark().main([str(tmp_path / "rows.json"), *_TINY, "--pass", "bwd", "--also-autograd"])
+    assert (
+        "--also-autograd needs --pass bwd and --kernel flex, not --pass bwd --kernel naive" in capsys.readouterr().err
+    )
+    assert not (tmp_path / "rows.json").exists()
