@@ -280,8 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     kernel = rank_kernel(args.kernel)
-    if args.also_autograd and (args.pass_ != "bwd" or not hasattr(kernel, "_call")):
-        # only Flex keeps a differentiable step forward (`_call`) beside its backward kernel
+    if args.also_autograd and (args.pass_ != "bwd" or args.kernel != "flex"):
+        # only Flex keeps a differentiable step forward (`Flex._call`) beside its backward kernel
         ap.error(f"--also-autograd needs --pass bwd and --kernel flex, not --pass {args.pass_} --kernel {args.kernel}")
     timer = timer_for(device, l2_flush=device.type == "cuda")
     rep = {"warmup": 3, "iters": args.iters, "min_iters": 5, "budget_s": 3.0}

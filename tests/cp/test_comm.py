@@ -82,9 +82,10 @@ def _rank_local_benchmark():
     return bench
 
 
-_TINY = ["--device", "cpu", "--kernel", "naive", "--single", "naive", "--masks", "causal", "--tokens-per-gpu", "32"]
-_TINY += ["--heads", "4:2", "--head-dim", "8", "--dtype", "float32", "--check-seqlen", "64", "--world", "4"]
-_TINY += ["--iters", "5"]
+_TINY = (
+    "--device cpu --kernel naive --single naive --masks causal --tokens-per-gpu 32 --heads 4:2 --head-dim 8"
+    " --dtype float32 --check-seqlen 64 --world 4 --iters 5"
+).split()
 
 
 @pytest.mark.parametrize("pass_", ["fwd", "bwd"])
