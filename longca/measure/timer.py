@@ -211,7 +211,9 @@ class Timer:
                 return samples
             pace = spent / len(samples)
             left = int((budget_s - spent) / max(pace, 1e-9))
-            batch = max(1, min(len(samples), iters - len(samples), left))
+            # Agreed too (the smallest): each rank sees its own `spent`, so their budgets left differ,
+            # and a rank issuing more calls than another would take its barrier to their all-reduce.
+            batch = int(-self._agree(-float(max(1, min(len(samples), iters - len(samples), left)))))
 
 
 class CpuTimer(Timer):

@@ -1,10 +1,11 @@
 """The timer protocol: warm-up count, timed iterations capped by count and by budget."""
 
+import threading
 import time
 
 import pytest
 
-from longca.measure.timer import CpuTimer
+from longca.measure.timer import CpuTimer, RankTimer
 
 
 def test_counts_are_recorded_and_capped_by_iters():
@@ -138,3 +139,48 @@ def test_phase_walls_cover_warmup_untimed_calls_and_timed_calls():
 def test_no_warmup_has_no_warmup_wall():
     t = CpuTimer().time(lambda: time.sleep(0.01), warmup=0, iters=1)
     assert t.warmup_iters == 0 and t.warmup_wall_s < 0.005 and t.wall_s >= 0.01
+
+
+class _CheckedGroup:
+    """Ranks as threads whose collectives check that every rank called the same one: a rank that
+    issues a call the others do not meets their other collective and fails, where a process group
+    would hang (a barrier against an all-reduce)."""
+
+    def __init__(self, world: int) -> None:
+        self._gate = threading.Barrier(world, timeout=60)
+        self._posted: list = [None] * world
+
+    def _meet(self, rank: int, kind: str, value: float = 0.0) -> float:
+        self._posted[rank] = (kind, value)
+        self._gate.wait()
+        kinds = sorted({k for k, _ in self._posted})
+        agreed = max(v for _, v in self._posted)
+        self._gate.wait()  # every rank has read before the next collective overwrites
+        assert len(kinds) == 1, f"ranks met different collectives: {kinds}"
+        return agreed
+
+    def timer(self, rank: int) -> RankTimer:
+        return RankTimer(CpuTimer(), lambda: self._meet(rank, "barrier"), lambda v: self._meet(rank, "agree", v))
+
+
+def test_ranks_of_different_paces_issue_the_same_calls():
+    """Adaptive timing on ranks whose calls take different times (one rank's work is most of every
+    iteration): the budget left, and so each batch's size, looks different from each rank, yet every
+    rank must issue the same calls or a barrier meets another rank's all-reduce."""
+    group, timings, errors = _CheckedGroup(2), [None, None], []
+
+    def rank(r: int) -> None:
+        try:
+            timings[r] = group.timer(r).time(
+                lambda: time.sleep(0.0 if r == 0 else 0.03), warmup=0, iters=1000, budget_s=0.6, ci_target=1e-6
+            )
+        except Exception as e:  # noqa: BLE001 - reported below, with the other rank's
+            errors.append(e)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert timings[0].timed_iters == timings[1].timed_iters >= 6
