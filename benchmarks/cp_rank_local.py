@@ -187,7 +187,7 @@ def measure(mask_name, world, per_gpu, hq, hk, d, dtype, kernel, device, mechani
     slowest = max(r["ms"] for r in ranks)
     per_gpu_tflops = attention_flops(mask.area, hq, d, "fwd") / (slowest * 1e-3 * world) / 1e12
     # whether the local kernel passed GQA K/V unrepeated (sdpa decides once per device, dtype, head dim)
-    native = kernel.native_gqa(q) if hq != hk and hasattr(kernel, "native_gqa") else None
+    native = kernel.native_gqa(q) if hq != hk else None
     return {
         "mask": mask_name,
         "world": world,

@@ -38,7 +38,7 @@ from collections.abc import Callable
 import torch
 import triton.testing
 
-from longca.kernels.base import choose_form
+from longca.kernels.base import choose_form, prepares_per_pass
 from longca.kernels.registry import get
 from longca.masks.forms import forms_of
 from longca.masks.mask import Mask
@@ -100,7 +100,7 @@ def make_call(
     prep = kernel.prepare(
         mask, batch=1, heads_q=hq, heads_kv=hkv, head_dim=128, dtype=dtype, device=device,
         form=choose_form(kernel.caps, forms_of(mask.name)),
-        **({"grad": grad} if hasattr(kernel, "grad_changes_form") else {}),
+        **({"grad": grad} if prepares_per_pass(kernel) else {}),
     )  # fmt: skip
     shape = (1, s, hq, 128) if prep.layout == "bshd" else (1, hq, s, 128)
     shape_kv = (1, s, hkv, 128) if prep.layout == "bshd" else (1, hkv, s, 128)

@@ -8,7 +8,7 @@ import torch
 
 from longca.cp.comm import Comm
 from longca.cp.topology import Topology
-from longca.kernels.lse import Part, combine_parts, fold, parts_of
+from longca.kernels.lse import Part, combine_parts, fold
 from longca.kernels.rank import acc_dtype
 
 
@@ -22,7 +22,7 @@ def allgather_fwd(q, k, v, subs, kernel, topo: Topology, comm: Comm):
     parts: list[Part] = []
     for j in range(r):
         if not subs[j].empty:
-            parts = fold(parts + parts_of(kernel, q, ks[j], vs[j], subs[j]), shape, a, q.device)
+            parts = fold(parts + kernel.fwd_parts(q, ks[j], vs[j], subs[j]), shape, a, q.device)
     return combine_parts(parts, shape, q.dtype, a, q.device)
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
 
 import numpy as np
 import torch
@@ -36,8 +35,9 @@ from longca.cp.comm import Comm
 from longca.cp.sharding import Sharding
 from longca.cp.submask import layout_step_areas, layouts_of_groups, sub_layout, sub_mask
 from longca.cp.topology import Topology
+from longca.kernels import registry
 from longca.kernels.base import Unsupported
-from longca.kernels.rank import SubMask
+from longca.kernels.rank import RankKernel, SubMask
 from longca.masks import slices as sl
 from longca.masks.blocks import BlockLayout
 
@@ -101,7 +101,7 @@ class Plan:
 
     mechanism: Mechanism
     topo: Topology
-    kernel: Any
+    kernel: RankKernel
     subs: list[SubMask]  # this rank's ring participant against every participant
     rep: int  # KV head replication for Ulysses
     comm: Comm
@@ -148,7 +148,7 @@ def build_plan(
     rank: int,
     heads_q: int,
     heads_kv: int,
-    kernel: Any,
+    kernel: RankKernel,
     device: torch.device,
     comm: Comm | None = None,
     blocks: BlockLayout | None = None,
@@ -174,8 +174,7 @@ def build_plan(
     cut, step_areas = cuts.slices, cuts.areas
     for row in cut:  # kernels that reject some slice kinds say so before anything runs
         for c in row:
-            if hasattr(kernel, "prepare_check"):
-                kernel.prepare_check(c)
+            kernel.prepare_check(c)
     n = sum(e - s for s, e in layouts[0])
     subs = [kernel.prepare(c, n, n, device) for c in cut[topo.ring_index]]
     rank_areas = []
@@ -204,11 +203,12 @@ def step_cuts(slices: np.ndarray, sharding: Sharding, ulysses_degree: int, ring_
     return StepCuts(cut, np.array([[sl.area(c) for c in row] for row in cut], dtype=np.int64))
 
 
-def _check_blocks(blocks: BlockLayout, kernel: Any, sharding: Sharding, heads_kv: int) -> None:
-    if not hasattr(kernel, "prepare_blocks"):
+def _check_blocks(blocks: BlockLayout, kernel: RankKernel, sharding: Sharding, heads_kv: int) -> None:
+    if not kernel.takes_blocks:
+        takers = [n for n in registry.rank_kernel_names() if registry.get(n).caps.cp.block_sparse]
         raise Unsupported(
             f"kernel {kernel.name!r} takes slice masks only as a CP per-rank kernel; block-sparse masks need "
-            f"naive, flex or triton_block_sparse"
+            f"one of {takers}"
         )
     if blocks.heads != heads_kv:  # never reuse one head's layout for another
         raise ValueError(
@@ -237,7 +237,7 @@ def _block_plan(
     rep: int,
     heads_q: int,
     heads_kv: int,
-    kernel: Any,
+    kernel: RankKernel,
     device: torch.device,
     comm: Comm | None,
 ) -> Plan:

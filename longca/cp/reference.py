@@ -4,9 +4,11 @@ checks), a few KV heads at a time. Dense: small S only."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from longca.masks import slices as sl
+from longca.masks.mask import Mask
 from longca.measure.reference import dense_mask_tensor
 from longca.measure.reference import reference_attention as single_device_reference
 
@@ -15,7 +17,7 @@ def reference_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    slices,
+    slices: np.ndarray | Mask,
     dout: torch.Tensor | None = None,
     dtype: torch.dtype = torch.float64,
     kv_heads_per_chunk: int | None = None,
@@ -30,7 +32,7 @@ def reference_attention(
     hk = k.shape[1]
     step = kv_heads_per_chunk or hk
     g = q.shape[1] // hk
-    if hasattr(slices, "dense"):  # a Mask
+    if isinstance(slices, Mask):
         if slices.per_head and slices.heads != hk:
             raise ValueError(f"the mask has layouts for {slices.heads} KV heads, the inputs {hk}")
         mask = dense_mask_tensor(slices, q.device)

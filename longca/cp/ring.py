@@ -18,7 +18,7 @@ import torch
 
 from longca.cp.comm import Comm
 from longca.cp.topology import Topology
-from longca.kernels.lse import Part, combine_parts, fold, parts_of
+from longca.kernels.lse import Part, combine_parts, fold
 from longca.kernels.rank import acc_dtype
 
 
@@ -54,7 +54,7 @@ def ring_fwd(q, k, v, subs, kernel, topo: Topology, comm: Comm):
             inner = comm.exchange(kv, i_next, i_prev, topo.inner_group) if s < c - 1 else None
             sub = subs[source(o, s)]
             if not sub.empty:
-                parts = fold(parts + parts_of(kernel, q, kv[0], kv[1], sub), shape, a, q.device)
+                parts = fold(parts + kernel.fwd_parts(q, kv[0], kv[1], sub), shape, a, q.device)
             if inner is not None:
                 kv = inner.wait()
         if outer is not None:

@@ -27,7 +27,7 @@ from longca.cp.comm import Comm, Pending
 from longca.cp.mechanisms import Plan, StepCuts, build_plan, cp_backward, cp_forward
 from longca.cp.sharding import Sharding
 from longca.cp.topology import Topology
-from longca.kernels.rank import SubMask
+from longca.kernels.rank import RankKernel, SubMask
 from longca.masks import slices as sl
 
 META = torch.device("meta")
@@ -67,7 +67,7 @@ class Collective:
 Event = Compute | Post | Wait | Collective
 
 
-class RecordingKernel:
+class RecordingKernel(RankKernel):
     """A per-rank kernel (longca.kernels.rank's interface) that computes nothing: it records each
     call and returns meta tensors of the right shapes."""
 

@@ -163,10 +163,16 @@ def backward_refusal(kernel: Any, device: torch.device) -> str | None:
     return hook(device) if hook is not None else None
 
 
+def prepares_per_pass(kernel: Any) -> bool:
+    """Whether `kernel`'s `prepare` takes `grad` (it has `grad_changes_form`, see the Kernel protocol)."""
+    return getattr(kernel, "grad_changes_form", None) is not None
+
+
 def grad_changes_form(kernel: Any, mask: Mask, *, head_dim: int, dtype: torch.dtype, device: torch.device) -> bool:
     """Whether `kernel` prepares `mask` differently for forward-only calls (see the Kernel protocol)."""
-    hook = getattr(kernel, "grad_changes_form", None)
-    return bool(hook(mask, head_dim=head_dim, dtype=dtype, device=device)) if hook is not None else False
+    if not prepares_per_pass(kernel):
+        return False
+    return bool(kernel.grad_changes_form(mask, head_dim=head_dim, dtype=dtype, device=device))
 
 
 def block_layout(kernel: Any, mask: Mask, form: str, heads_q: int, heads_kv: int) -> BlockLayout:

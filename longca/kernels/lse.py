@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 
@@ -29,15 +29,6 @@ class Part(NamedTuple):
 # A ring step's parts wait until the end (read once, in their own dtype, by one pass per row
 # segment); past this many they are folded into one float32 part so memory stays bounded.
 MAX_PENDING_PARTS = 4
-
-
-def parts_of(kernel: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sub: Any) -> list[Part]:
-    """A local kernel's result as parts: `fwd_parts` where the kernel has it, else its `fwd`
-    (full rows, already combined) as one part."""
-    if hasattr(kernel, "fwd_parts"):
-        return kernel.fwd_parts(q, k, v, sub)
-    out, lse = kernel.fwd(q, k, v, sub)
-    return [Part(out, lse, 0, q.shape[2])]
 
 
 def _segment_into(out: torch.Tensor, lse: torch.Tensor, outs: list[torch.Tensor], lses: list[torch.Tensor]) -> None:

@@ -20,10 +20,13 @@ longca.kernels.flex_backward), sdpa_flash and
 sdpa_cudnn (CUDA; the sub-mask is cut into FULL and square CAUSAL rectangles, one call each),
 triton_block_sparse (block-sparse masks only: longca's Triton kernel over the step's block lists).
 
-Block-sparse masks (different kept blocks per KV head) have no slices; kernels that take them also offer
+Block-sparse masks (different kept blocks per KV head) have no slices; kernels that take them
+(`takes_blocks`) also offer
     prepare_blocks(layout, heads_q, device) -> SubMask
 with `layout` the step's local BlockLayout (longca.cp.submask.sub_layout) over exactly the KV
 heads the kernel will see (k.shape[1]); heads_q is the local query head count.
+
+Every kernel derives from RankKernel, whose optional parts say what a kernel without them does.
 """
 
 from __future__ import annotations
@@ -78,11 +81,53 @@ def _gqa(q: torch.Tensor, k: torch.Tensor) -> int:
     return hq // hk
 
 
+class RankKernel:
+    """The per-rank kernel interface: subclasses define `name`, `prepare`, `fwd` and `bwd` (module
+    docstring); the rest defaults to what a kernel without it does."""
+
+    name: str
+    # Whether it takes block-sparse masks (`prepare_blocks`): the adapter's RankCapabilities.block_sparse
+    # is this value, so planning and the ranks read one declaration.
+    takes_blocks: bool = False
+
+    def prepare(self, slices: np.ndarray, seqlen_q: int, seqlen_k: int, device: torch.device) -> SubMask:
+        raise NotImplementedError
+
+    def fwd(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sub: SubMask):
+        raise NotImplementedError
+
+    def bwd(self, dout, q, k, v, out, lse, sub: SubMask):
+        raise NotImplementedError
+
+    def prepare_check(self, slices: np.ndarray) -> None:
+        """Raise Unsupported when a step of `slices` is one this kernel cannot take: called for every
+        step of a plan before any step is prepared. Takes every slice kind by default."""
+
+    def prepare_blocks(self, layout: BlockLayout, heads_q: int, device: torch.device) -> SubMask:
+        """The step's block layout prepared (kernels with `takes_blocks` only)."""
+        raise Unsupported(f"per-rank kernel {self.name!r} takes slice masks only, not block-sparse masks")
+
+    def fwd_parts(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sub: SubMask) -> list[Part]:
+        """The step's result as row ranges to combine later; by default `fwd`'s full rows as one part."""
+        out, lse = self.fwd(q, k, v, sub)
+        return [Part(out, lse, 0, q.shape[2])]
+
+    def native_gqa(self, q: torch.Tensor) -> bool | None:
+        """Whether K/V reach the kernel's ops with their own head count where it could also repeat
+        them to Hq (recorded by benchmarks/cp_rank_local.py); None: the kernel has no such choice."""
+        return None
+
+    def backend_detail(self) -> str | None:
+        """What a row's `backend` names beyond the kernel (its configuration in the timed run), or None."""
+        return None
+
+
 # ---------------------------------------------------------------------------------------- naive
-class Naive:
+class Naive(RankKernel):
     """Dense scores and an explicit backward. Memory O(B Hq Sq Sk): references and small S only."""
 
     name = "naive"
+    takes_blocks = True
 
     def prepare(self, slices: np.ndarray, seqlen_q: int, seqlen_k: int, device: torch.device) -> SubMask:
         dense = sl.to_dense_tensor(slices, seqlen_q, seqlen_k, device)
@@ -152,11 +197,12 @@ def bwd_by_autograd(fwd: Callable, dout, q, k, v, out, lse):
     return dq.to(a), dk.to(a), dv.to(a)
 
 
-class Flex:
+class Flex(RankKernel):
     """FlexAttention with a BlockMask built from the sub-mask's slices (compiled on CUDA).
     Rows of a step with no key get lse = -inf and zero output from FlexAttention itself."""
 
     name = "flex"
+    takes_blocks = True
 
     def __init__(self) -> None:
         self._fn = None
@@ -263,7 +309,7 @@ def rectangles(slices: np.ndarray) -> list[tuple[int, int, int, int, bool]]:
     return out
 
 
-class Sdpa:
+class Sdpa(RankKernel):
     """torch's fused SDPA ops that take and return the log-sum-exp (flash = FA2 inside torch, or
     cuDNN). GQA: K/V go to the ops with their own head count where the op computes GQA itself
     (checked once per device, dtype and head dim against the ops on repeated K/V), else KV heads
@@ -394,7 +440,7 @@ class Sdpa:
 
 
 # ------------------------------------------------------------------------------ triton sparse
-class TritonBlockSparse:
+class TritonBlockSparse(RankKernel):
     """longca's Triton block-sparse kernel (longca.kernels.triton_sparse) over the step's block
     lists: the forward visits only the kept blocks of the KV shard held and returns the LSE; the
     backward takes the global (out, LSE), which the kernel's backward accepts as given (so each
@@ -403,6 +449,7 @@ class TritonBlockSparse:
     SubMask. Block-sparse masks only. On CPU only under Triton's interpreter (TRITON_INTERPRET=1)."""
 
     name = "triton_block_sparse"
+    takes_blocks = True
 
     def prepare_check(self, slices: np.ndarray) -> None:
         raise Unsupported(

@@ -100,7 +100,6 @@ class MaskPattern:
     params: tuple[Param, ...] = ()
     multi_document: bool = False
     description: str = ""
-    needs_inputs: bool = False  # only when score == "importance"; see needs_inputs_for
     # Samples per cell by default (paper: 30 for multi-document masks, 2 for single-sequence
     # ones); a mask with nothing to sample is identical every time, so one sample suffices.
     default_samples: int = field(default=1)
@@ -111,6 +110,7 @@ class MaskPattern:
         return self.default_samples > 1
 
     def needs_inputs_for(self, params: dict[str, Any]) -> bool:
+        """Whether building needs the cell's (q, k): dynamic masks scored by importance only."""
         return self.family == "dynamic" and params.get("score") == "importance"
 
 

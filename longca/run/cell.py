@@ -24,6 +24,7 @@ from longca.kernels.base import (
     dtype_refusal,
     grad_changes_form,
     package_available,
+    prepares_per_pass,
     rank_unsupported_reason,
     static_unsupported_reason,
 )
@@ -160,7 +161,7 @@ def _build(
     params = dict(cell.mask_params)
     pattern = PATTERNS[cell.mask]
     # Block-sparse layouts are per KV head; importance scores come from the cell's own inputs.
-    wants_inputs = pattern.needs_inputs_for(params) if hasattr(pattern, "needs_inputs_for") else pattern.needs_inputs
+    wants_inputs = pattern.needs_inputs_for(params)
     key = None if wants_inputs or not keep else (cell.mask, cell.mask_params, seqlen, cell.seed, sample, cell.heads_kv)
     try:
         hash(key)
@@ -201,7 +202,7 @@ def prepare_for(
     form. `grad` tells a kernel whose form depends on it (`grad_changes_form`: Flex at block 64 on
     sm90, cuDNN's plan with its backward payload) whether gradients follow; None tells it nothing."""
     form = choose_form(kernel.caps, forms_of(cell.mask))
-    told = {"grad": grad} if grad is not None and hasattr(kernel, "grad_changes_form") else {}
+    told = {"grad": grad} if grad is not None and prepares_per_pass(kernel) else {}
     prepared = kernel.prepare(
         mask,
         batch=cell.batch,
@@ -249,7 +250,7 @@ def check_correctness(cell: Cell, device: torch.device, caches: CellCaches | Non
 
     built = None
     split = False
-    if hasattr(kernel, "grad_changes_form"):
+    if prepares_per_pass(kernel):
         # A kernel that builds another form for forward-only calls (Flex at block 64 on sm90) is
         # checked in the form its cell times: forward cells without gradients, the others with.
         built = problem()

@@ -166,7 +166,7 @@ def runtime_refusal(cell: Cell, kernel: Any) -> None:
                 f"mask_params.score={params.get('score')!r}: CP cells draw each rank's inputs "
                 f"separately, so importance scores of the global inputs do not exist; use score='random'"
             )
-        if not hasattr(kernel, "prepare_blocks"):
+        if not kernel.takes_blocks:
             raise Unsupported(f"kernel {cell.kernel!r} takes slice masks only as a CP per-rank kernel")
         if cell.cp_balance == "document":
             raise Unsupported(
@@ -465,7 +465,7 @@ def run_cell(cell: Cell, rank: int, world: int, device: torch.device) -> list[di
             row = base_row(cell)
             row.update(_agreed("measure", measure, device, cell, rank, world, device, timed_kernel, sample))
             row.update(check_columns(check), status=Status.OK.value, reason=None)
-            detail = getattr(timed_kernel, "backend_detail", lambda: None)()
+            detail = timed_kernel.backend_detail()
             row["backend"] = detail or cell.kernel  # rank 0's kernel configuration (its steps)
             gate_peak(row, device)
             rows.append(row)

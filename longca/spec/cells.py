@@ -149,8 +149,7 @@ def _samples(sw: Sweep, mask: MaskChoice) -> int:
     pat = PATTERNS[mask.name]
     if pat.multi_document:
         return int(counts["multi_document"])
-    sampled = bool(getattr(pat, "sampled", False))
-    return int(counts["single"]) if sampled else 1
+    return int(counts["single"]) if pat.sampled else 1
 
 
 def _excluded(sw: Sweep, values: dict[str, Any]) -> bool:

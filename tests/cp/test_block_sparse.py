@@ -31,6 +31,7 @@ from longca.cp.mechanisms import build_plan, cp_attention
 from longca.cp.reference import reference_attention
 from longca.cp.sharding import make_sharding
 from longca.cp.submask import layout_step_areas, sub_layout
+from longca.kernels.base import Unsupported
 from longca.kernels.rank import Naive, TritonBlockSparse
 from longca.kernels.registry import rank_kernel
 from longca.masks.registry import build_mask
@@ -322,3 +323,16 @@ def test_a_layout_for_the_wrong_number_of_kv_heads_is_rejected():
     with pytest.raises(ValueError, match="layouts for 1 KV heads, the inputs 2"):
         q, k, v, _ = _inputs(256, 4, 2, torch.float64, 0)
         reference_attention(q, k, v, mask)
+
+
+def test_a_kernel_without_block_layouts_is_refused_by_name():
+    """A slice-only per-rank kernel (`takes_blocks` False) is refused a block-sparse plan before any
+    step is prepared, naming the kernels that take layouts; its `prepare_blocks` refuses likewise."""
+    mask = _mask("bs", 256, 1)
+    kernel = rank_kernel("sdpa_cudnn")
+    takers = r"\['flex', 'naive', 'triton_block_sparse'\]"
+    with pytest.raises(Unsupported, match=rf"'sdpa_cudnn' takes slice masks only .*one of {takers}"):
+        sharding = make_sharding("contiguous", 256, 2)
+        build_plan("ring_p2p", None, mask.slices, sharding, 0, 4, 1, kernel, torch.device("cpu"), blocks=mask.blocks)
+    with pytest.raises(Unsupported, match="per-rank kernel 'sdpa_cudnn' takes slice masks only"):
+        kernel.prepare_blocks(mask.blocks, 4, torch.device("cpu"))

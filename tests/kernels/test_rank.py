@@ -3,7 +3,8 @@ import torch
 
 from longca.cp.reference import reference_attention
 from longca.kernels.base import Unsupported, rank_unsupported_reason
-from longca.kernels.rank import Flex, Naive, bwd_by_autograd, rectangles
+from longca.kernels.lse import Part
+from longca.kernels.rank import Flex, Naive, RankKernel, bwd_by_autograd, rectangles
 from longca.kernels.registry import get, rank_kernel, rank_kernel_names
 from longca.masks import slices as sl
 from longca.masks.registry import build_mask
@@ -107,6 +108,25 @@ def test_capabilities_and_names_are_checked_with_clear_messages():
     with pytest.raises(KeyError, match="unknown kernel 'fa9'; allowed"):
         rank_kernel("fa9")
     assert isinstance(rank_kernel("naive"), Naive) and rank_kernel("naive") is not rank_kernel("naive")
+
+
+def test_every_rank_kernel_declares_its_optional_parts_once():
+    """Every per-rank kernel is a RankKernel: planning reads the adapter's RankCapabilities.block_sparse
+    and the ranks the kernel's `takes_blocks`, one value; kernels without their own `fwd_parts`,
+    `native_gqa` or `backend_detail` get the defaults (naive: `fwd` as one part, no GQA choice)."""
+    for name in rank_kernel_names():
+        kernel = rank_kernel(name)
+        assert isinstance(kernel, RankKernel), name
+        assert kernel.takes_blocks is get(name).caps.cp.block_sparse, name
+    naive = rank_kernel("naive")
+    q, k, v, _ = _inputs()
+    sub = naive.prepare(_partial_mask(), 24, 24, CPU)
+    (part,) = naive.fwd_parts(q, k, v, sub)
+    out, lse = naive.fwd(q, k, v, sub)
+    assert isinstance(part, Part) and (part.q0, part.q1) == (0, 24)
+    assert torch.equal(part.out, out) and torch.equal(part.lse, lse)
+    assert naive.native_gqa(q) is None and naive.backend_detail() is None
+    naive.prepare_check(sl.band_slices(0, 24, 0, 24, -2, 2))  # takes every slice kind
 
 
 def test_flex_on_cuda_shares_the_adapter_compiled_flex_with_raised_recompile_limits():

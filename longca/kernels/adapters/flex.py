@@ -174,7 +174,7 @@ class FlexAttention:
         cp=RankCapabilities(
             devices=frozenset({"cpu", "cuda"}),
             dtypes=frozenset({"float64", "float32", "bfloat16", "float16"}),
-            block_sparse=True,
+            block_sparse=rank.Flex.takes_blocks,
             note="backward: Flex's backward kernel on the combined out/LSE (eager off CUDA)",
         ),
     )

@@ -28,7 +28,7 @@ class NaiveAttention:
         cp=RankCapabilities(
             devices=frozenset({"cpu", "cuda"}),
             dtypes=frozenset({"float64", "float32", "bfloat16", "float16"}),
-            block_sparse=True,
+            block_sparse=rank.Naive.takes_blocks,
             note="dense mask per step; O(S^2) memory",
         ),
     )

@@ -38,7 +38,7 @@ class TritonBlockSparse:
             devices=frozenset({"cpu", "cuda"}),
             dtypes=frozenset({"float32", "bfloat16", "float16"}),
             slice_kinds=frozenset(),
-            block_sparse=True,
+            block_sparse=rank.TritonBlockSparse.takes_blocks,
             note="block-sparse masks only; CPU only under TRITON_INTERPRET=1",
         ),
     )
