@@ -203,13 +203,18 @@ def step_cuts(slices: np.ndarray, sharding: Sharding, ulysses_degree: int, ring_
     return StepCuts(cut, np.array([[sl.area(c) for c in row] for row in cut], dtype=np.int64))
 
 
-def _check_blocks(blocks: BlockLayout, kernel: RankKernel, sharding: Sharding, heads_kv: int) -> None:
+def refuse_blocks(kernel: RankKernel) -> None:
+    """Raise Unsupported when `kernel` takes no block layouts (block-sparse masks), naming those that do."""
     if not kernel.takes_blocks:
         takers = [n for n in registry.rank_kernel_names() if registry.get(n).caps.cp.block_sparse]
         raise Unsupported(
             f"kernel {kernel.name!r} takes slice masks only as a CP per-rank kernel; block-sparse masks need "
             f"one of {takers}"
         )
+
+
+def _check_blocks(blocks: BlockLayout, kernel: RankKernel, sharding: Sharding, heads_kv: int) -> None:
+    refuse_blocks(kernel)
     if blocks.heads != heads_kv:  # never reuse one head's layout for another
         raise ValueError(
             f"the block-sparse mask has layouts for {blocks.heads} KV heads but heads_kv={heads_kv}; "

@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 
 from longca.cp.comm import Comm
-from longca.cp.mechanisms import build_plan, cp_attention, resolve_degrees
+from longca.cp.mechanisms import build_plan, cp_attention, refuse_blocks, resolve_degrees
 from longca.cp.reference import reference_attention
 from longca.cp.sharding import granule, make_sharding
 from longca.cp.ulysses import kv_replication
@@ -166,8 +166,7 @@ def runtime_refusal(cell: Cell, kernel: Any) -> None:
                 f"mask_params.score={params.get('score')!r}: CP cells draw each rank's inputs "
                 f"separately, so importance scores of the global inputs do not exist; use score='random'"
             )
-        if not kernel.takes_blocks:
-            raise Unsupported(f"kernel {cell.kernel!r} takes slice masks only as a CP per-rank kernel")
+        refuse_blocks(kernel)
         if cell.cp_balance == "document":
             raise Unsupported(
                 "balance='document' balances slice masks by row area; a block-sparse mask keeps the "
