@@ -47,7 +47,7 @@ def commands(path: Path = README) -> list[str]:
 COMMANDS = {
     "pip install torch==2.13.0 && pip install -e . && snakemake --cores 2": "run-default",
     'pip install torch==2.13.0 && pip install -e ".[test,slurm]" && ruff check . && ruff format --check . '
-    "&& python -m pytest -q": "ci",
+    "&& python -m pytest -q -n 2 --dist loadgroup": "ci",
     'pip install -e ".[gpu,slurm]"': "pip",
     "snakemake --cores 8 --config spec=specs/h200.yaml": "dry",
     "snakemake --profile profiles/slurm --config spec=specs/h200.yaml": "dry",
@@ -198,6 +198,9 @@ def test_snakemake_commands_plan_every_job(tmp_path: Path, copy_workflow):
             proc.kill()  # a no-op for a finished process; no dry run outlives a failed one
 
 
+# With the tests spread over workers (pytest-xdist, README), the users of the session's one default
+# run share a worker, and so do the SLURM tests, which share the one-node cluster.
+@pytest.mark.xdist_group("default_run")
 def test_the_default_run_produces_rows_and_a_report(default_local_run):
     """`snakemake --cores 2` after the installs (CI installed the package): the default spec's real
     run, its Parquet and its report (the session's one run of it, tests/conftest.py)."""

@@ -303,7 +303,8 @@ def run_device_cells(
     return stats
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it): a process group's rendezvous."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -360,7 +361,7 @@ def run_cp_cells(cells: list[Cell], outputs: list[str], workdir: Path, launcher:
         env = dict(os.environ)
         env.setdefault("MASTER_ADDR", socket.gethostname() if os.environ.get("SLURM_JOB_ID") else "127.0.0.1")
         if "MASTER_PORT" not in os.environ:  # a fresh port per launch: a killed group's may still be held
-            env["MASTER_PORT"] = str(_free_port())
+            env["MASTER_PORT"] = str(free_port())
         env.setdefault("NCCL_NVLS_ENABLE", "0")
         cmd = cp_launch_command(world, launcher) + [str(job_file), str(done_dir)]
         log_path = workdir / f"cp-{start}.log"

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import traceback
 
 import numpy as np
@@ -36,6 +35,7 @@ from longca.kernels.rank import Naive, TritonBlockSparse
 from longca.kernels.registry import rank_kernel
 from longca.masks.registry import build_mask
 from longca.measure.reference import relative_error
+from longca.run.chunk import free_port
 from longca.run.ranks import run_cell as run_cp_cell
 from longca.store.write import write_rows
 
@@ -145,12 +145,6 @@ def test_local_kernels_on_a_step_layout_match_the_reference():
 
 
 # ---------------------------------------------------------------------------- distributed
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _case(rank, world, kernel_name, mech, degrees, key, balance, hq, hkv, dtype, backward=True):
     seqlen = SEQLEN[world]
     case = {
@@ -262,7 +256,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_block_sparse_cp_matches_the_reference(world: int, tmp_path) -> None:
-    mp.start_processes(_worker, args=(world, _free_port(), str(tmp_path)), nprocs=world, start_method="spawn")
+    mp.start_processes(_worker, args=(world, free_port(), str(tmp_path)), nprocs=world, start_method="spawn")
     results = json.load(open(tmp_path / "cases.json"))
     kinds = {"naive": "naive", "triton_block_sparse": "triton", "flex": "flex"}
     bad = [r for r in results if "failure" in r or max(r["errors"]) > TOL[kinds[r["kernel"]]]]

@@ -8,7 +8,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import socket
 import traceback
 
 import pytest
@@ -23,6 +22,7 @@ from longca.kernels.base import Unsupported
 from longca.kernels.registry import rank_kernel
 from longca.masks.registry import PATTERNS, build_mask
 from longca.measure.reference import relative_error
+from longca.run.chunk import free_port
 
 STATIC = sorted(n for n, p in PATTERNS.items() if p.family != "dynamic")
 SEQLEN, BATCH, HQ, HKV, HEAD_DIM = 48, 2, 4, 2, 8
@@ -60,12 +60,6 @@ def small_params(name: str, doc_file: str) -> dict:
         elif p.name == "global_tokens":
             out["global_tokens"] = 3
     return out
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank: int, world: int, port: int, doc_file: str, result_file: str) -> None:
@@ -161,7 +155,7 @@ def doc_file(tmp_path_factory) -> str:
 @pytest.mark.parametrize("world", [2, 4])
 def test_every_mechanism_and_mask_matches_reference(world: int, doc_file: str, tmp_path) -> None:
     result_file = str(tmp_path / "results.json")
-    mp.start_processes(_worker, args=(world, _free_port(), doc_file, result_file), nprocs=world, start_method="spawn")
+    mp.start_processes(_worker, args=(world, free_port(), doc_file, result_file), nprocs=world, start_method="spawn")
     results = json.load(open(result_file))
     heads = results.pop()
     assert heads["heads_error"] is not None and f"heads_q={3 * world // 2}" in heads["heads_error"]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import socket
 
 import torch
 import torch.distributed as dist
@@ -20,6 +19,7 @@ from longca.cp.topology import Topology
 from longca.cp.trace import Collective, Post, trace_rank
 from longca.kernels.registry import rank_kernel
 from longca.masks.registry import build_mask
+from longca.run.chunk import free_port
 
 WORLD, SEQLEN, BATCH, HQ, HKV, D = 4, 64, 1, 4, 2, 8
 CASES = [
@@ -67,12 +67,6 @@ class Recording(Comm):
         if stacked.shape[0] > 1:
             self._sent("reduce_scatter", b, None)
         return out
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank: int, port: int, out_dir: str) -> None:
@@ -137,7 +131,7 @@ def _traced(mech: str, degrees, rank: int, pass_: str) -> list:
 
 
 def test_each_mechanisms_trace_is_what_it_sends_on_gloo(tmp_path) -> None:
-    mp.start_processes(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, start_method="spawn")
+    mp.start_processes(_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD, start_method="spawn")
     for rank in range(WORLD):
         logs = json.loads((tmp_path / f"rank{rank}.json").read_text())
         for mech, degrees in CASES:

@@ -5,7 +5,6 @@ failure path ending as a row with the same status on all ranks."""
 from __future__ import annotations
 
 import os
-import socket
 
 import pyarrow.parquet as pq
 import pytest
@@ -19,6 +18,7 @@ from longca.kernels.registry import KERNELS, get
 from longca.masks.registry import build_mask
 from longca.measure.stats import MedianCI
 from longca.run import ranks
+from longca.run.chunk import free_port
 from longca.run.ranks import CP_GRAPH_REASON
 from longca.store.write import write_rows
 
@@ -118,12 +118,6 @@ class _OffByOnePercentKernel:
         return _OffByOnePercent()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _worker(rank: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)
     KERNELS.setdefault("off_by_one_percent", _OffByOnePercentKernel())
@@ -142,7 +136,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 
 def test_cells_become_rows(tmp_path):
     assert isinstance(get("naive").caps.cp, RankCapabilities)
-    mp.start_processes(_worker, args=(_free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
+    mp.start_processes(_worker, args=(free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
     tables = {name: pq.read_table(tmp_path / f"{name}.parquet").to_pylist() for name in CELLS}
     for name, rows in tables.items():
         assert (tmp_path / f"{name}.rank1").read_text() == ",".join(r["status"] for r in rows)

@@ -21,6 +21,10 @@ import pyarrow.parquet as pq
 import pytest
 from wf import ROOT, copy_workflow, jobs_run
 
+# One worker runs them all, beside the README's default run they compare with (tests/test_readme.py):
+# they share the one-node cluster and the session's default run.
+pytestmark = pytest.mark.xdist_group("default_run")
+
 # Far above the measured times (docs/slurm-ci.md): a hang fails the test instead of stalling CI.
 LIMIT_S = 540
 
