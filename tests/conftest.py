@@ -88,7 +88,8 @@ def default_local_run(tmp_path_factory):
     spec), run once per session in a copy of the workflow: (its folder, the finished process).
 
     The README test checks its rows and report; the SLURM test compares its own run of the same
-    spec with these rows. About 85 s of two cores, so it runs once."""
+    spec with these rows. About 85 s of two cores, so it runs once: with the tests on several
+    workers (pytest-xdist), its users share the xdist group "default_run", so one worker runs it."""
     import subprocess
 
     work = _copy_workflow(tmp_path_factory.mktemp("default-run") / "repo")
