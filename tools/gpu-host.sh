@@ -64,18 +64,25 @@ unpacking=$!
 # 2. the committed cells of this spec. A failed unpack stops the call: without the committed cells
 #    every cell would be measured again, spending the GPU time on rows that exist.
 name=$(python3 -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["name"])' "$spec")
-agg=results/$name/all.parquet
+# The set: a spec that names its card (`gpu_model`) keeps its rows under results/<name>/; one that
+# does not puts them in the set of the card it runs on, results/<card>/<name>/ (results/h100/core/).
+named=$(python3 -c 'import sys, yaml; print(int("gpu_model" in yaml.safe_load(open(sys.argv[1]))))' "$spec")
+root=results
+[ "$named" = 0 ] && root=results/$(PYTHONPATH=$PWD:$host_tmp/site python3 -c 'from longca.measure.env import this_card_set; print(this_card_set("cuda"))')
+agg=$root/$name/all.parquet
 # A run into another folder (`--results DIR`: a re-run check with `--sample`) is a set of its own:
 # nothing committed is restored into it, and what comes back is its aggregate (cell files under
 # OUTDIR would be nested too deep to be returned).
-results_dir=results prev=
+results_dir=$root prev= own_results=no
 for a in "$@"; do
-  [ "$prev" = --results ] && results_dir=$a
-  case $a in --results=*) results_dir=${a#--results=} ;; esac
+  [ "$prev" = --results ] && results_dir=$a own_results=yes
+  case $a in --results=*) results_dir=${a#--results=} own_results=yes ;; esac
   prev=$a
 done
-restore=yes; [ "$(realpath -m "$results_dir")" = "$(realpath -m results)" ] || restore=no
-if [ "$restore" = yes ] && [ -f "$agg" ] && ! PYTHONPATH=$PWD:$host_tmp/site python3 -m longca.cli unpack "$agg" >> "$logs/unpack.log" 2>&1; then
+restore=yes; [ "$(realpath -m "$results_dir")" = "$(realpath -m "$root")" ] || restore=no
+set_args=(); [ "$own_results" = no ] && set_args=(--results "$root")
+echo "gpu-host: the set is $root (spec $name)"
+if [ "$restore" = yes ] && [ -f "$agg" ] && ! PYTHONPATH=$PWD:$host_tmp/site python3 -m longca.cli unpack "$agg" --results "$root" >> "$logs/unpack.log" 2>&1; then
   echo "gpu-host: unpacking $agg failed; nothing was measured:" >&2
   tail -n 5 "$logs/unpack.log" >&2
   cp "$logs/unpack.log" "$out/unpack.log"
@@ -112,14 +119,14 @@ fi
 #    with the projection gpu-calls.sh writes (results/<name>/estimates.parquet), a draw that would not
 #    finish in the time left is not started (longca/run/time_left.py)
 left=$(( limit - (SECONDS - start) - 40 ))
-est=results/$name/estimates.parquet
+est=$root/$name/estimates.parquet
 fit=(); [ -f "$est" ] && fit=(--time-left "$(( left - 5 ))" --estimates "$est")
 if [ "$left" -gt 10 ]; then
   for ((g = 0; g < ngpu; g++)); do
     shard=(); [ "$ngpu" -gt 1 ] && shard=(--shard "$g/$ngpu")
     (
       t0=$(date +%s.%N)
-      timeout -k 10 -s TERM "$left" python3 -m longca.cli run --spec "$spec" "$@" "${shard[@]}" "${fit[@]}"
+      timeout -k 10 -s TERM "$left" python3 -m longca.cli run --spec "$spec" "${set_args[@]}" "$@" "${shard[@]}" "${fit[@]}"
       # the process's whole wall, start-up included: what tools/sweep_efficiency.py divides by
       echo "process wall $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s: --spec $spec $* ${shard[*]}"
     ) > "$logs/run-$g.log" 2>&1 &

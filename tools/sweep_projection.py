@@ -103,6 +103,7 @@ def project_spec(
     by_length: bool = False,
     what_if: dict | None = None,
     per_cell: dict[str, float] | None = None,
+    rows_spec: str | None = None,
 ) -> dict[str, list]:
     """Per sweep (with `by_length`, per sweep and length): [cells, rows, unmeasured cells, projected
     seconds, cells left, projected seconds left] of the spec's cells under its protocol. Left: the
@@ -110,7 +111,9 @@ def project_spec(
     `repeat` for the projection: `ci_target`, `iters`, and `floor_calls` (a protocol longca does not
     have: calls under a second may run past `budget_s` until that many calls). `per_cell`, when
     given, receives each left cell's projected seconds by digest (every draw, its check and compile;
-    no start-up): what `longca run --estimates` reads to start only the cells that fit in a call."""
+    no start-up): what `longca run --estimates` reads to start only the cells that fit in a call.
+    `rows_spec`: the rows of another spec stand in (cells match by id without the digest: a new
+    spec projected from an earlier one's rows on the same kernels, masks and shapes)."""
     what_if = what_if or {}
     from longca.run.cell import planned_unsupported
     from longca.spec.cells import expand
@@ -122,7 +125,7 @@ def project_spec(
         """SELECT regexp_replace(cell_id, '@[0-9a-f]+$', '') AS ident, status, samples_ms, median_ms,
                   cell_wall_s, check_s, compile_s, cell_digest, cell_id
            FROM read_parquet(?) WHERE spec = ? ORDER BY timestamp""",
-        [rows_path, spec.name],
+        [rows_path, rows_spec or spec.name],
     ).fetchall()
     done = set() if what_if else {r[8] for r in found}  # a changed repeat gives every cell a new digest
     by_digest: dict[str, dict[str, list]] = defaultdict(dict)  # ident -> digest -> rows, in time order
@@ -225,6 +228,7 @@ def project_spec(
             similar = (
                 guess.get((cell.sweep, cell.kernel, cell.seqlen, cell.pass_))
                 or guess.get((cell.sweep, cell.seqlen, cell.pass_))
+                or [c for k, v in guess.items() if len(k) == 3 and k[1:] == (cell.seqlen, cell.pass_) for c in v]
                 or [c for k, v in guess.items() if len(k) == 3 for c in v]
             )
             cost = median(similar) * cell.samples
@@ -291,7 +295,9 @@ def main_spec(a: argparse.Namespace) -> int:
         if v is not None
     }
     per_cell: dict[str, float] = {}
-    out = project_spec(a.spec, a.rows, a.per_row_s, a.per_call_ms, a.fixed_s, a.by_length, what_if, per_cell)
+    out = project_spec(
+        a.spec, a.rows, a.per_row_s, a.per_call_ms, a.fixed_s, a.by_length, what_if, per_cell, a.rows_spec
+    )
     if a.cells_out:
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -321,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", required=True)
     ap.add_argument("--sweep")
     ap.add_argument("--spec", help="project the whole spec under its own protocol instead")
+    ap.add_argument("--rows-spec", help="with --spec: project from the rows of this spec (its name) instead of its own")
     ap.add_argument("--by-length", action="store_true", help="with --spec: a line per sweep and length")
     ap.add_argument(
         "--cells-out",

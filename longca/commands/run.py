@@ -10,7 +10,12 @@ from longca.spec.select import ONLY_HELP
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run cells of a spec; with no outputs, every missing cell")
     p.add_argument("--spec", required=True, help="spec YAML file")
-    p.add_argument("--results", default="results", help="results folder (default: results)")
+    p.add_argument(
+        "--results",
+        default="results",
+        help="results folder (default: results); {card} in it becomes the set of the card the run is on, "
+        "e.g. results/{card} -> results/h100 (longca.measure.env.card_set)",
+    )
     p.add_argument(
         "--launcher",
         default="auto",
@@ -76,6 +81,10 @@ def _run(args: argparse.Namespace) -> int:
 
     time_left = _time_left(args.time_left, args.estimates)
     spec = load_spec(args.spec)  # once per process: every chunk below runs from this spec and its cells
+    if "{card}" in args.results:
+        from longca.measure.env import this_card_set
+
+        args.results = args.results.replace("{card}", this_card_set(spec.device))
     if args.outputs:
         return run_chunk(spec, args.outputs, args.results, args.launcher, time_left=time_left)
     cells, jobs = plan_jobs(spec, args.results, retry=frozenset(args.retry))

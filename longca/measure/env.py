@@ -12,6 +12,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import socket
 import subprocess
 from pathlib import Path
@@ -154,3 +155,21 @@ def gpu_clock_state() -> dict[str, Any]:
         return {"clock_mhz": int(clock), "throttle": hex(int(reasons))}
     except Exception:
         return {}
+
+
+def card_set(device_name: str) -> str:
+    """The result set a device's rows belong to, from its name: the GPU model in lower case
+    ("NVIDIA H100 80GB HBM3" -> "h100", "NVIDIA H200" -> "h200", "NVIDIA A100-SXM4-80GB" -> "a100"),
+    else the name as a slug ("NVIDIA GeForce RTX 4090" -> "geforce-rtx-4090"), "cpu" for a CPU.
+    Sets are by card, so rows of two cards never share one."""
+    if device_name.startswith("cpu"):
+        return "cpu"
+    found = re.search(r"\b([A-Z]{1,3}[0-9]{2,4}[A-Za-z]?)\b", device_name.replace("NVIDIA", " "))
+    if found:
+        return found.group(1).lower()
+    return re.sub(r"[^a-z0-9]+", "-", device_name.lower().replace("nvidia", "")).strip("-")
+
+
+def this_card_set(device_type: str) -> str:
+    """`card_set` of this machine's first device of `device_type` ("cuda" or "cpu")."""
+    return card_set(environment(device_type)["device_name"])

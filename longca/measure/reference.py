@@ -70,7 +70,8 @@ def relative_error(x: torch.Tensor, ref: torch.Tensor, chunk_elems: int = 1 << 2
 
 def error_sums(x: torch.Tensor, ref: torch.Tensor, chunk_elems: int = 1 << 24) -> tuple[float, float]:
     """(||x - ref||^2, ||ref||^2) in float64, summed as `relative_error` does; (inf, inf) where x has
-    a NaN or Inf. Sums of parts (head groups of one tensor) add up to the whole's."""
+    a NaN or Inf. Sums of parts (head groups of one tensor) add up to the whole's. `ref` may live on
+    the host while `x` is on the device: it is moved a chunk at a time."""
     if x.shape != ref.shape:
         raise ValueError(f"shapes differ: {tuple(x.shape)} and {tuple(ref.shape)}")
     dim = 1 if x.dim() > 1 else 0
@@ -81,6 +82,7 @@ def error_sums(x: torch.Tensor, ref: torch.Tensor, chunk_elems: int = 1 << 24) -
     for i in range(0, n, step):
         xs = x.detach().narrow(dim, i, min(step, n - i)) if x.dim() else x.detach()
         rs = ref.detach().narrow(dim, i, min(step, n - i)) if x.dim() else ref.detach()
+        rs = rs.to(xs.device)  # a host-held reference moves one chunk at a time
         x64, r64 = xs.to(torch.float64), rs.to(torch.float64)
         if not torch.isfinite(x64).all():
             return float("inf"), float("inf")

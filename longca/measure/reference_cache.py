@@ -19,14 +19,15 @@ import torch
 NAMES = ("out", "dq", "dk", "dv")
 
 
-def default_budget_bytes() -> int:
-    """A quarter of the host's memory, at most 32 GiB (the H200 host's 128 GiB holds two sweeps'
-    working sets: 24 (mask, heads) entries of 0.6-1 GiB at the 8K check length)."""
+def default_budget_bytes(share: float = 0.25, cap: int = 32 << 30) -> int:
+    """`share` of the host's memory, at most `cap` (by default a quarter, at most 32 GiB: the H200
+    host's 128 GiB holds two sweeps' working sets, 24 (mask, heads) entries of 0.6-1 GiB at the 8K
+    check length)."""
     try:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         total = 8 << 30
-    return int(min(32 << 30, total // 4))
+    return int(min(cap, total * share))
 
 
 class ReferenceCache:
@@ -50,6 +51,16 @@ class ReferenceCache:
         self._entries.move_to_end(key)
         self.hits += 1
         return {name: t.to(device, copy=True) for name, t in entry.items()}  # callers may not alter it
+
+    def host(self, key: Hashable, grads: bool) -> dict[str, torch.Tensor] | None:
+        """The entry's host tensors themselves (not to be altered), or None as `get`: for callers that
+        move one part at a time to the device (a 512K entry with gradients is about 19 GB)."""
+        entry = self._entries.get(key)
+        if entry is None or (grads and "dq" not in entry):
+            return None
+        self._entries.move_to_end(key)
+        self.hits += 1
+        return entry
 
     def put(self, key: Hashable, tensors: dict[str, torch.Tensor]) -> None:
         entry = {name: tensors[name].detach().to("cpu", copy=True) for name in NAMES if name in tensors}

@@ -17,6 +17,15 @@ none serves. The single-device runner compares a backward cell after timing, on 
 calls left (the last gradients and their forward's output), so the comparison costs only the
 comparator's calls; a forward cell runs one more forward of its own before it is timed.
 
+Within one process, a comparator's full-length results on a draw are computed once and kept on the
+host (`results_key`, a `ReferenceCache`) for every later cell of the same problem and draw: the
+inputs and mask depend on the problem, the seed and the draw, never on the timed kernel, so the
+8 kernels of a (mask, length, shape) share one comparator run per draw instead of 8. A timed
+kernel that is itself a listed comparator leaves its own results there too, once they agreed with
+their comparator: at 512K the first kernel's results serve every other kernel's agreement.
+Cells are expanded problem by problem (longca.spec.cells.expand) so the kernels of one problem run
+one after the other.
+
 A dtype no comparator takes (fp8) is compared in bfloat16 on the same values: e4m3 numbers are
 exact in bfloat16, so the comparator computes the same function on the same inputs.
 
@@ -39,6 +48,7 @@ from longca.kernels import registry
 from longca.kernels.base import DTYPES, Unsupported
 from longca.masks.mask import Mask
 from longca.measure.reference import error_ratio, error_sums
+from longca.measure.reference_cache import ReferenceCache
 from longca.run.check import check_length, tolerance
 from longca.spec.cells import Cell
 from longca.vocab import Pass
@@ -97,6 +107,26 @@ def candidates(cell: Cell, device: torch.device, exclude_self: bool = True) -> t
     return usable, why
 
 
+def results_key(cell: Cell, kernel: str, dtype: str, draw: int, device: torch.device) -> tuple:
+    """What a kernel's full-length results on a draw depend on besides the kernel and its dtype: the
+    problem (mask and parameters, length, shape), the seed and the draw (the inputs are drawn from
+    `seed + 1000 + draw`, the same for every kernel: longca.run.cell) and the device type."""
+    return (
+        kernel,
+        dtype,
+        cell.mask,
+        cell.mask_params,
+        cell.seqlen,
+        cell.heads_q,
+        cell.heads_kv,
+        cell.head_dim,
+        cell.batch,
+        cell.seed,
+        draw,
+        device.type,
+    )
+
+
 def compare(
     cell: Cell,
     mask: Mask,
@@ -105,12 +135,16 @@ def compare(
     device: torch.device,
     exclude_self: bool = True,
     dout_bshd: torch.Tensor | None = None,
+    held: ReferenceCache | None = None,
+    draw: int | None = None,
 ) -> dict[str, Any]:
     """The agreement columns of one draw, and `incorrect` (the reason) where it disagrees.
 
     `inputs_bshd`: the draw's q, k, v viewed as (B, S, H, D); `own_results()`: the timed kernel's
     results on them as (B, S, H, D) tensors: "out", and "dq", "dk", "dv" where the cell has a
     backward (`compares_gradients`), computed with `dout_bshd` (B, S, Hq, D) as the upstream gradient.
+    `held` and `draw`: the process's kept full-length results (see the module's note), read for the
+    comparator and given the timed kernel's own when they agree; None (a CP cell) keeps nothing.
     """
     grads = compares_gradients(cell)
     if grads and dout_bshd is None:
@@ -119,9 +153,18 @@ def compare(
     if not usable:
         return {"agree_reason": "no second kernel serves this cell: " + ("; ".join(why) or "none listed")}
     mine = own_results()
+    keeping = held is not None and draw is not None
     for other in usable:
+        key = results_key(cell, other.kernel, other.dtype, draw, device) if keeping else None
+        kept = held.host(key, grads) if keeping else None
         try:
-            diffs = _differences(cell, other, mask, inputs_bshd, mine, device, dout_bshd if grads else None)
+            if kept is not None:
+                diffs = {name: error_ratio(*error_sums(mine[name], kept[name])) for name in mine}
+            else:
+                theirs: dict[str, list[torch.Tensor]] | None = {} if keeping else None
+                diffs = _differences(cell, other, mask, inputs_bshd, mine, device, dout_bshd if grads else None, theirs)
+                if theirs:
+                    held.put(key, {name: torch.cat(parts, dim=2) for name, parts in theirs.items()})
         except (Unsupported, torch.OutOfMemoryError, RuntimeError, ValueError, TypeError) as exc:
             if "CUDA error" in str(exc) or "illegal memory access" in str(exc):
                 raise  # the context is unusable: the cell's handler restarts the process
@@ -144,6 +187,8 @@ def compare(
                 f"disagrees with {other.kernel} at the full length S={cell.seqlen}: relative difference "
                 f"above the {cell.dtype} tolerance ({limits}): " + ", ".join(bad)
             )
+        elif keeping and cell.kernel in cell.check_dict.get("agree_with", ()):
+            held.put(results_key(cell, cell.kernel, cell.dtype, draw, device), mine)
         return row
     return {"agree_reason": "no second kernel served this cell: " + "; ".join(why)}
 
@@ -168,9 +213,12 @@ def _differences(
     mine: dict[str, torch.Tensor],
     device: torch.device,
     dout_bshd: torch.Tensor | None,
+    theirs_out: dict[str, list[torch.Tensor]] | None = None,
 ) -> dict[str, float]:
     """The comparator `other`'s relative differences to `mine` ("out", and the gradients with
-    `dout_bshd`), run over the fewest head groups that fit in memory (`head_groups`)."""
+    `dout_bshd`), run over the fewest head groups that fit in memory (`head_groups`). With
+    `theirs_out`, the comparator's results are also left there as host copies, one per head group
+    in order (concatenated along the heads, they are its whole results)."""
     from longca.run.cell import prepare_for
 
     kernel = registry.get(other.kernel)
@@ -190,6 +238,8 @@ def _differences(
                 theirs = _results(prepared, cell.batch, (q, k, v), dtype, dout)
                 for name in ("out", *GRADIENTS):
                     if name in theirs:
+                        if theirs_out is not None:
+                            theirs_out.setdefault(name, []).append(theirs[name].detach().to("cpu", copy=True))
                         num, denom = error_sums(mine[name][:, :, heads[name]], theirs.pop(name))
                         before = sums.get(name, (0.0, 0.0))
                         sums[name] = (before[0] + num, before[1] + denom)
@@ -198,6 +248,8 @@ def _differences(
                 _log(f"{cell.id}: {other.kernel} compared over {groups} head groups (fewer ran out of memory)")
             return {name: error_ratio(*s) for name, s in sums.items()}
         except torch.OutOfMemoryError:
+            if theirs_out is not None:
+                theirs_out.clear()  # the next try's groups start afresh
             if groups == tries[-1]:
                 raise
         finally:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from longca.kernels import registry
@@ -36,7 +37,7 @@ from longca.measure.cooldown import cool_down
 from longca.measure.env import gpu_clock_state
 from longca.measure.graphs import capture
 from longca.measure.reference import dense_mask_tensor, reference_attention, relative_error
-from longca.measure.reference_cache import ReferenceCache
+from longca.measure.reference_cache import ReferenceCache, default_budget_bytes
 from longca.measure.timer import RETAINED_GRAPH, time_under, timer_for
 from longca.run.agreement import GRADIENTS, agreement_applies, compare, compares_gradients
 from longca.run.check import check_columns, check_verdict, tolerance
@@ -46,9 +47,9 @@ from longca.spec.cells import Cell
 from longca.store.draws import load_draw, save_draw
 from longca.vocab import Pass, Status
 
-# The last masks built, for the next cell of the same problem (a sweep runs a problem's fwd and bwd
-# cells one after the other): a 512K block-64 layout takes ~20 s to draw.
-MASKS_KEPT = 2
+# The last masks built, for the next cell of the same problem (a sweep runs a problem's cells, every
+# kernel and pass, one after the other): a 512K block-64 layout takes ~20 s to draw; three draws.
+MASKS_KEPT = 4
 CHECKS_KEPT = 4096
 
 
@@ -57,12 +58,16 @@ class CellCaches:
     """What a process keeps from one cell for the next, owned by whoever runs the cells (a worker
     keeps one for its chunk; `run_cell` without one starts afresh): correctness checks at the reduced
     length (every longer cell of the same kernel, mask, shape and dtype shares one), references (every
-    kernel checked on one problem shares one: longca.measure.reference_cache) and the last masks drawn
-    (not those drawn from a cell's inputs)."""
+    kernel checked on one problem shares one: longca.measure.reference_cache), full-length results
+    for the agreement (every kernel of one problem and draw shares a comparator's) and the last masks
+    drawn (not those drawn from a cell's inputs)."""
 
     checks: dict[tuple, dict[str, Any]] = field(default_factory=dict)
     references: ReferenceCache = field(default_factory=ReferenceCache)
     masks: dict[tuple, Mask] = field(default_factory=dict)
+    # full-length results of comparators and listed kernels per draw (longca.run.agreement): at 512K
+    # an entry with gradients is about 19 GB, and a problem's cells need two of them
+    agreements: ReferenceCache = field(default_factory=lambda: ReferenceCache(default_budget_bytes(0.4, 64 << 30)))
 
 
 def planned_unsupported(cell: Cell) -> str | None:
@@ -377,6 +382,8 @@ def _measure_sample(
             own_results,
             device,
             dout_bshd=_to_bshd(do, kernel.layout, cell.batch) if need_grad else None,
+            held=caches.agreements,
+            draw=sample,
         )
 
     def incorrect(agreement):  # a wrong result is never a speed: the row keeps what disagreed, no timing
@@ -391,12 +398,24 @@ def _measure_sample(
             "_kernel_s": 0.0,
         }
 
-    # A forward cell compares a fresh forward before it is timed (its outputs freed before the
-    # peak-memory count), as since the protocol began; a cell with a backward compares what its timed
-    # calls left, after them (below).
+    def clear_grads():
+        for x in (q, k, v):
+            x.grad = None
+
+    retained = cell.pass_ == Pass.BWD and rep.get("backward") == "retained_graph" and kernel.caps.retained_backward
+    saved: dict[str, torch.Tensor] = {}  # a backward's forward output, kept for the retained timed calls
+    # The full-length agreement runs before the timing, on the timed call itself at the cell's shape
+    # (the forward, and the backward on the forward the retained timed calls then reuse), so that call
+    # is the protocol's warm-up: at 512K one more warm-up backward would be a 40 s call. The
+    # comparator's memory is freed before the peak-memory count starts.
+    own: dict[str, float] = {}
     agreement: dict[str, Any] = {}
-    if agreement_applies(cell) and not need_grad:
-        agreement = agree(lambda: _timed_results(prepared, kernel.layout, cell, (q, k, v), None))
+    if agreement_applies(cell):
+        agreement = agree(
+            lambda: _own_results(
+                prepared, kernel.layout, cell, (q, k, v), do if need_grad else None, saved, retained, own
+            )
+        )
         if "incorrect" in agreement:
             return incorrect(agreement)
     timer = timer_for(device, bool(rep.get("l2_flush", True)))
@@ -405,26 +424,23 @@ def _measure_sample(
         torch.cuda.reset_peak_memory_stats(device)
     idle_s = cool_down(rep.get("cooldown_s"), device)  # before the clock read: it shows what the pause gave
     clock0 = gpu_clock_state() if device.type == "cuda" else {}
-
-    def clear_grads():
-        for x in (q, k, v):
-            x.grad = None
+    warmed = bool(own)
 
     def timed(fn, before=None):  # the spec's repeat protocol around one call
-        return time_under(timer, fn, rep, before)
+        return time_under(timer, fn, dict(rep, warmup=0) if warmed else rep, before)
 
     # the SM clock and throttle reasons while the calls run (a read before can catch the idle clock)
     with ClockSampler(gpu_clock_state) if device.type == "cuda" else no_sampler() as window:
-        saved: dict[str, torch.Tensor] = {}  # what the timed calls leave: a backward's forward output
         if cell.pass_ == Pass.FWD:
             with torch.no_grad():
                 timing = timed(lambda: prepared.call(q, k, v))
-        elif cell.pass_ == Pass.BWD and rep.get("backward") == "retained_graph" and kernel.caps.retained_backward:
+        elif retained:
             # Opt-in: one untimed forward, then every warm-up and timed backward on its retained graph
             # (FlashAttention's benchmark_backward does the same), so a backward cell no longer runs a
             # forward per iteration outside the timed region. The row's timer says so.
             clear_grads()
-            saved["out"] = prepared.call(q, k, v)
+            if "out" not in saved:
+                saved["out"] = prepared.call(q, k, v)
             timing = timed(lambda: saved["out"].backward(do, retain_graph=True), before=clear_grads)
             timing.timer += RETAINED_GRAPH
         elif cell.pass_ == Pass.BWD:
@@ -438,17 +454,16 @@ def _measure_sample(
             timing = timed(lambda: saved["out"].backward(do), before=fresh_forward)
         else:
             timing = timed(lambda: prepared.call(q, k, v).backward(do), before=clear_grads)
+        if warmed:  # the agreement's call was the warm-up: its wall, and its first-call cost as compile time
+            timing.warmup_iters, timing.warmup_wall_s = 1, own["wall_s"]
+            timing.compile_s = max(own["timed_part_s"] - timing.median_ms / 1000.0, 0.0)
         # the eager calls' peak: a captured backward's second forward and graph pool are not the kernel's
         peak = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
         graph = graph_columns(
             cell, rep, timer, device, timing.median_ms, _graph_pass(cell, kernel, prepared.call, (q, k, v), do)
         )
+    saved.clear()
     clock1 = gpu_clock_state() if device.type == "cuda" else {}
-    if agreement_applies(cell) and need_grad:  # after the peak-memory read: the comparator's memory is not counted
-        agreement = agree(lambda: _timed_results(prepared, kernel.layout, cell, (q, k, v), saved.get("out")))
-        saved.clear()
-        if "incorrect" in agreement:
-            return incorrect(agreement)
     area = mask.area_per_head * cell.batch
     row: dict[str, Any] = {
         **mask_columns(mask, sample),
@@ -479,15 +494,40 @@ def _measure_sample(
     return row
 
 
-def _timed_results(
-    prepared: Any, layout: str, cell: Cell, inputs: tuple[torch.Tensor, ...], out: torch.Tensor | None
+def _own_results(
+    prepared: Any,
+    layout: str,
+    cell: Cell,
+    inputs: tuple[torch.Tensor, ...],
+    dout: torch.Tensor | None,
+    saved: dict[str, torch.Tensor],
+    retain: bool,
+    walls: dict[str, float],
 ) -> dict[str, torch.Tensor]:
-    """What the timed calls computed, as (B, S, H, D) tensors, for the full-length agreement: the last
-    backward's gradients, and the output of the forward they came from (`out`, kept by the timed
-    backward); a cell without one runs its forward once more."""
-    if out is None:
+    """The cell's call run once at full length, as the timed calls will run it, and its results as
+    (B, S, H, D) tensors for the agreement: the output and, with `dout`, the gradients. With `retain`
+    the forward's output stays in `saved` for the retained timed backward. `walls` gets the call's
+    wall (`wall_s`, synchronised) and that of the part the cell times (`timed_part_s`: the backward
+    of a backward cell), whose excess over a timed call is the row's compile time."""
+    sync = torch.cuda.synchronize if inputs[0].is_cuda else (lambda: None)
+    for x in inputs:
+        x.grad = None
+    t0 = time.perf_counter()
+    if dout is None:
         with torch.no_grad():
             out = prepared.call(*inputs)
+        sync()
+        part_from = t0
+    else:
+        out = prepared.call(*inputs)
+        sync()
+        part_from = t0 if cell.pass_ == Pass.FWD_BWD else time.perf_counter()
+        out.backward(dout, retain_graph=retain)
+        sync()
+        if retain:
+            saved["out"] = out
+    end = time.perf_counter()
+    walls.update(wall_s=end - t0, timed_part_s=end - part_from)
     results = {"out": _to_bshd(out.detach(), layout, cell.batch)}
     if compares_gradients(cell):
         for name, x in zip(GRADIENTS, inputs):
@@ -551,6 +591,8 @@ def run_cell(
                 if kept is not None:
                     earlier_s += kept["cell_wall_s"] or 0.0
                     rows.append(kept)
+                    if draws_settled(rows, cell.repeat_dict.get("draws_within")):
+                        break
                     continue
                 if may_start is not None and (why := may_start(sample)):
                     raise LeftForLater(why)
@@ -563,6 +605,8 @@ def run_cell(
                 if on_draw is not None:
                     on_draw(sample)
                 t_draw = time.perf_counter()
+                if draws_settled(rows, cell.repeat_dict.get("draws_within")):
+                    break
     except BaseException as exc:  # noqa: BLE001 - every failure of the cell becomes its row
         if isinstance(exc, (KeyboardInterrupt, LeftForLater)):  # not a failure: no row
             raise
@@ -583,6 +627,18 @@ def run_cell(
         r["cell_wall_s"] = wall
         r["check_s"] = check_s  # one check per cell: every row carries it, count it once per cell
     return rows
+
+
+def draws_settled(rows: list[dict[str, Any]], within: float | None) -> bool:
+    """Whether a sampled mask's draws so far settle its answer (`repeat.draws_within`): two or more
+    draws, all ok, whose headline medians (the replayed one where there is one) spread by at most
+    `within` of their median. The median of the draws lies between the smallest and the largest
+    draw's, so another draw could move it by no more than that spread."""
+    if not within or len(rows) < 2 or any(r.get("status") != Status.OK.value for r in rows):
+        return False
+    medians = [r.get("graph_median_ms") or r["median_ms"] for r in rows]
+    mid = float(np.median(medians))
+    return mid > 0 and (max(medians) - min(medians)) / mid <= within
 
 
 @dataclass

@@ -246,7 +246,8 @@ def _check_for(check: dict[str, Any], dtype: str, beyond: bool, backward: bool, 
 
 
 def expand(spec: Spec) -> list[Cell]:
-    """Every cell of the spec, in a stable order (cheap cells first within each sweep)."""
+    """Every cell of the spec, in a stable order: cheap (short) cells first within each sweep, then
+    problem by problem with the kernels of one problem together."""
     cells: list[Cell] = []
     agree_with = tuple(spec.check.get("agree_with", ()))
     agree = {k: comparators(agree_with, k) if agree_with else () for sw in spec.sweeps for k in sw.kernels}
@@ -268,15 +269,17 @@ def expand(spec: Spec) -> list[Cell]:
                 for w in sw.cp["world_sizes"]
                 for degrees in cp_layouts(mech, w, sw.cp)
             ]
-        for seqlen, kernel, mask, (hq, hkv), d, dtype, p, b, cpv in itertools.product(
+        # problem by problem (length, mask, shape, pass), every kernel of a problem in a row: they
+        # share its masks, references and full-length comparator results (longca.run.agreement)
+        for seqlen, mask, (hq, hkv), d, dtype, b, p, kernel, cpv in itertools.product(
             sorted(sw.seqlens),
-            sw.kernels,
             sw.masks,
             sw.heads,
             sw.head_dims,
             sw.dtypes,
-            sw.passes,
             sw.batch,
+            sw.passes,
+            sw.kernels,
             cp_variants,
         ):
             world, mech, degrees, balance, backend = cpv
