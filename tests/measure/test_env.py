@@ -5,6 +5,8 @@ from __future__ import annotations
 import platform
 from pathlib import Path
 
+import pytest
+
 from longca.measure.env import cpu_model, environment
 from longca.store.schema import COLUMNS
 
@@ -27,3 +29,22 @@ def test_every_recorded_fact_is_a_result_column_and_the_host_cpu_is_one() -> Non
     assert set(facts) <= set(COLUMNS)  # a chosen list: nothing beside the schema's columns
     assert facts["host_cpu"] == cpu_model()
     assert facts["device"] == "cpu" and facts["env_id"]
+
+
+@pytest.mark.parametrize(
+    "name, card",
+    [
+        ("NVIDIA H100 80GB HBM3", "h100"),
+        ("NVIDIA H100 PCIe", "h100"),
+        ("NVIDIA H200", "h200"),
+        ("NVIDIA A100-SXM4-80GB", "a100"),
+        ("NVIDIA B200", "b200"),
+        ("NVIDIA L40S", "l40s"),
+        ("NVIDIA GeForce RTX 4090", "geforce-rtx-4090"),
+        ("cpu: x86_64", "cpu"),
+    ],
+)
+def test_rows_of_a_card_go_to_its_set(name, card):
+    from longca.measure.env import card_set
+
+    assert card_set(name) == card

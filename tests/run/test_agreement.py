@@ -273,3 +273,86 @@ def test_error_sums_of_head_groups_add_up_to_the_whole():
     parts = [error_sums(x[:, :, h : h + 2], ref[:, :, h : h + 2]) for h in range(0, 8, 2)]
     assert error_ratio(sum(p[0] for p in parts), sum(p[1] for p in parts)) == float("inf")
     assert error_ratio(0.0, 0.0) == 0.0 and error_ratio(4.0, 0.0) == 2.0  # a zero reference: the norm
+
+
+def _counting_differences(monkeypatch):
+    """Which comparators actually ran (longca.run.agreement._differences), in order."""
+    import longca.run.agreement as agreement
+
+    ran: list[str] = []
+    real = agreement._differences
+
+    def counted(cell, other, *args, **kwargs):
+        ran.append(other.kernel)
+        return real(cell, other, *args, **kwargs)
+
+    monkeypatch.setattr(agreement, "_differences", counted)
+    return ran
+
+
+@pytest.mark.parametrize("pass_", ["fwd", "bwd"])
+def test_one_comparator_run_serves_every_kernel_of_a_problem_and_draw(monkeypatch, pass_):
+    from longca.run.cell import CellCaches
+
+    ran = _counting_differences(monkeypatch)
+    s = spec("[sdpa_flash, sdpa_math, naive]", passes=f"[{pass_}]")
+    alone = {k: run_cell(_cell(s, k, 192, pass_))[0] for k in ("sdpa_flash", "sdpa_math", "naive")}
+    assert ran == ["naive", "naive", "sdpa_math"]  # each cell on its own runs its comparator
+    ran.clear()
+    caches = CellCaches()
+    shared = {k: run_cell(_cell(s, k, 192, pass_), caches)[0] for k in ("sdpa_flash", "sdpa_math", "naive")}
+    # sdpa_flash runs naive; sdpa_math takes that run's results; naive takes sdpa_math's own
+    # results, kept because sdpa_math is a listed comparator whose results agreed with naive's
+    assert ran == ["naive"]
+    names = ["agree_rel_diff"] + ([f"agree_rel_diff_{g}" for g in ("dq", "dk", "dv")] if pass_ == "bwd" else [])
+    for k, row in shared.items():
+        assert row["status"] == "ok" and row["agree_kernel"] == alone[k]["agree_kernel"]
+        for name in names:
+            assert row[name] == pytest.approx(alone[k][name], rel=1e-6, abs=1e-12), (k, name)
+
+
+def test_kept_results_are_per_draw_and_a_backward_cell_does_not_take_outputs_alone(monkeypatch):
+    from longca.run.cell import CellCaches
+
+    ran = _counting_differences(monkeypatch)
+    s = spec("[sdpa_flash, sdpa_math]", agree="[naive]", masks="[causal_document]", passes="[fwd, bwd]")
+    caches = CellCaches()
+    rows = [
+        r for k in ("sdpa_math", "sdpa_flash") for p in ("fwd", "bwd") for r in run_cell(_cell(s, k, 192, p), caches)
+    ]
+    assert [r["status"] for r in rows].count("unsupported") == 2  # sdpa_flash takes no document mask
+    # sdpa_math: two draws forward (outputs), then two backward (outputs kept lack gradients)
+    assert ran == ["naive", "naive", "naive", "naive"]
+
+
+def test_a_disagreeing_kernel_leaves_no_results_for_others(plugin_env):
+    from longca.run.agreement import results_key
+    from longca.run.cell import CellCaches
+
+    s = spec("[test_wrong_long]", agree="[test_wrong_long, naive]")
+    cell = _cell(s, "test_wrong_long", 192)
+    caches = CellCaches()
+    assert run_cell(cell, caches)[0]["status"] == "incorrect"
+    device = torch.device("cpu")
+    assert caches.agreements.host(results_key(cell, "naive", cell.dtype, 0, device), False) is not None
+    assert caches.agreements.host(results_key(cell, "test_wrong_long", cell.dtype, 0, device), False) is None
+
+
+@pytest.mark.parametrize("seqlen, warmups", [(64, 1), (192, 0)])
+def test_the_agreement_call_is_the_warm_up(monkeypatch, seqlen, warmups):
+    """A cell with a full-length agreement has just run its call at its shape: the timer adds no
+    warm-up (at 512K one is a 40 s call); the row still counts that one call as its warm-up."""
+    import longca.run.cell as cell_mod
+
+    asked: list[int] = []
+    real = cell_mod.time_under
+
+    def spy(timer, fn, repeat, before=None):
+        asked.append(repeat["warmup"])
+        return real(timer, fn, repeat, before)
+
+    monkeypatch.setattr(cell_mod, "time_under", spy)
+    s = spec("[sdpa_math]", passes="[bwd]")
+    (row,) = run_cell(_cell(s, "sdpa_math", seqlen, "bwd"))
+    assert row["status"] == "ok" and asked == [warmups]
+    assert row["warmup_iters"] == 1 and row["warmup_s"] > 0

@@ -707,3 +707,51 @@ def test_running_out_of_memory_checking_a_replay_keeps_the_eager_row(monkeypatch
     (row,) = run_cell(expand(spec("[naive]", masks="[full]", passes="[fwd]", repeat=GRAPHED))[0])
     assert row["status"] == "ok" and row["median_ms"] > 0 and row.get("graph_median_ms") is None
     assert row["graph_reason"] == "out of memory comparing a replay with the eager call: not timed"
+
+
+@pytest.mark.parametrize(
+    "medians, within, settled",
+    [
+        ([10.0, 10.1], 0.02, True),  # spread 0.1 over the median 10.05: 1.0%
+        ([10.0, 10.3], 0.02, False),  # 3.0%
+        ([10.0, 10.5, 10.2], 0.05, True),  # 0.5 over 10.2: 4.9%
+        ([10.0, 10.5, 10.2], 0.04, False),
+        ([10.0], 0.5, False),  # one draw says nothing of the spread
+        ([10.0, 10.0], None, False),  # not asked for
+    ],
+)
+def test_draws_settle_by_their_spread(medians, within, settled):
+    from longca.run.cell import draws_settled
+
+    rows = [{"status": "ok", "median_ms": m} for m in medians]
+    assert draws_settled(rows, within) is settled
+
+
+def test_draws_settle_on_the_replayed_time_and_never_past_a_failed_draw():
+    from longca.run.cell import draws_settled
+
+    # eager times 10 and 20 (host jitter), replays 5.0 and 5.05: the headline is the replay's
+    assert draws_settled(
+        [
+            {"status": "ok", "median_ms": 10.0, "graph_median_ms": 5.0},
+            {"status": "ok", "median_ms": 20.0, "graph_median_ms": 5.05},
+        ],
+        0.02,
+    )
+    assert not draws_settled([{"status": "ok", "median_ms": 10.0}, {"status": "error", "median_ms": None}], 0.5)
+
+
+@pytest.mark.parametrize("medians, draws", [((10.0, 10.1, 12.0), 2), ((10.0, 11.0, 10.5), 3)])
+def test_a_sampled_mask_stops_drawing_once_two_draws_agree(monkeypatch, medians, draws):
+    import longca.run.cell as cell_mod
+
+    def measured(cell, device, sample, check, caches):  # each draw's median as given, nothing timed
+        return {"mask_sample": sample, "median_ms": medians[sample], "status": "ok", "reason": None}
+
+    monkeypatch.setattr(cell_mod, "_measure_sample", measured)
+    repeat = "warmup: 1, iters: 3, min_iters: 1, budget_s: 0.2, l2_flush: false, draws_within: 0.02"
+    s = spec("[sdpa_math]", masks="[causal_document]", repeat=repeat, extra="mask_samples: {multi_document: 3}")
+    (cell,) = expand(s)
+    rows = run_cell(cell)
+    assert [r["mask_sample"] for r in rows] == list(range(draws))
+    assert all(r["mask_samples"] == 3 for r in rows)  # 3 planned, `draws` taken

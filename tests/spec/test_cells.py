@@ -264,3 +264,15 @@ def test_a_late_dtype_tolerance_joins_only_its_own_cells():
         )
     )
     assert {json.loads(c.check)["tolerance"]["float8_e4m3fn"] for c in own if c.dtype == "float8_e4m3fn"} == {0.05}
+
+
+def test_cells_come_problem_by_problem_with_every_kernel_of_a_problem_together():
+    """Lengths rise within a sweep, and the kernels of one problem (length, mask, shape, dtype,
+    pass) follow each other: they share its masks and full-length comparator results."""
+    dense = [c for c in expand(load_spec(text=SPEC)) if c.sweep == "dense"]
+    assert [c.seqlen for c in dense] == sorted(c.seqlen for c in dense)
+    problems = [(c.seqlen, c.mask, c.heads_q, c.heads_kv, c.head_dim, c.dtype, c.batch, c.pass_) for c in dense]
+    runs = [p for i, p in enumerate(problems) if i == 0 or problems[i - 1] != p]
+    assert len(runs) == len(set(problems))  # each problem is one run of adjacent cells
+    first = [c.kernel for c in dense if c.seqlen == 64][:2]
+    assert first == ["naive", "sdpa_math"]  # the sweep's kernel order within a problem
