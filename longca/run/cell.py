@@ -41,6 +41,7 @@ from longca.measure.reference_cache import ReferenceCache, default_budget_bytes
 from longca.measure.timer import RETAINED_GRAPH, time_under, timer_for
 from longca.run.agreement import GRADIENTS, agreement_applies, compare, compares_gradients
 from longca.run.check import check_columns, check_verdict, tolerance
+from longca.run.lifeline import RunStopped
 from longca.run.rows import base_row, classify, gate_peak, mask_columns, softmax_flops, status_row, timing_columns
 from longca.run.time_left import LeftForLater
 from longca.spec.cells import Cell
@@ -608,7 +609,7 @@ def run_cell(
                 if draws_settled(rows, cell.repeat_dict.get("draws_within")):
                     break
     except BaseException as exc:  # noqa: BLE001 - every failure of the cell becomes its row
-        if isinstance(exc, (KeyboardInterrupt, LeftForLater)):  # not a failure: no row
+        if isinstance(exc, (KeyboardInterrupt, SystemExit, LeftForLater, RunStopped)):  # not the cell's: no row
             raise
         if t_check is not None:  # failed inside the check: its time so far
             check_s = time.perf_counter() - t_check

@@ -32,6 +32,7 @@ from typing import Any
 
 from longca.run.cell import planned_unsupported
 from longca.run.gpu_lease import gpu_count, gpu_names, lease_gpus
+from longca.run.lifeline import die_with_parent
 from longca.run.rows import status_row, summarize
 from longca.run.time_left import TimeLeft
 from longca.spec.cells import Cell, expand
@@ -209,7 +210,7 @@ def run_device_cells(
         read_fd, write_fd = os.pipe()
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "longca.run.worker", str(job_file), str(write_fd)],
+                [sys.executable, "-m", "longca.run.worker", str(job_file), str(write_fd), str(os.getpid())],
                 pass_fds=(write_fd,),
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -367,7 +368,10 @@ def run_cp_cells(cells: list[Cell], outputs: list[str], workdir: Path, launcher:
         log_path = workdir / f"cp-{start}.log"
         _log(f"launching {len(cells) - start} CP cell(s) on {world} processes: {' '.join(cmd[:6])} ...")
         with open(log_path, "wb") as log:
-            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            # the launcher dies with this supervisor, and each rank with its launcher (longca.run.ranks)
+            proc = subprocess.Popen(
+                cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent
+            )
             _children[proc] = CP_TERM_WAIT_S
         _stream(log_path)
         current = start

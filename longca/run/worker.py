@@ -19,14 +19,31 @@ import os
 import sys
 import time
 
+from longca.run.lifeline import RunStopped, die_with_parent
+
 EXIT_RESTART = 3
+
+
+class _StatusPipe:
+    """The status pipe to the supervisor; a closed one means the run is gone (RunStopped), which
+    the cell runner passes on instead of recording it as the cell's error."""
+
+    def __init__(self, fh):
+        self.fh = fh
+
+    def write(self, line: str) -> None:
+        try:
+            self.fh.write(line)
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            raise RunStopped("the supervisor's status pipe is closed") from exc
 
 
 def main(argv: list[str]) -> int:
     job_file, status_fd = argv[0], int(argv[1])
+    die_with_parent(int(argv[2]) if len(argv) > 2 else None)  # never outlive the supervisor
     with open(job_file) as fh:
         job = json.load(fh)
-    status = os.fdopen(status_fd, "w", buffering=1)
+    status = _StatusPipe(os.fdopen(status_fd, "w", buffering=1))
 
     from longca.kernels.registry import load_all
     from longca.measure.graphs import held_by_failed_captures
@@ -45,6 +62,7 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
     load_all()  # includes LONGCA_PLUGINS
     kernel_s = 0.0
+    supervisor = os.getppid()
     caches = CellCaches()  # the chunk's cells share checks, references and masks
     time_left = TimeLeft.from_json(job["time_left"]) if job.get("time_left") else None
     t0 = time.perf_counter()
@@ -76,6 +94,8 @@ def main(argv: list[str]) -> int:
             if _held_memory(held_by_failed_captures()):
                 return EXIT_RESTART
             continue
+        if os.getppid() != supervisor:  # the run is gone: its cell in flight leaves no file
+            return 1
         write_rows(path, rows)
         clear_draws(path)
         kernel_s += sum(r.get("_kernel_s", 0.0) for r in rows)
@@ -111,4 +131,7 @@ def _last(ends: list[float]) -> float | None:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except RunStopped:
+        os._exit(1)  # nothing to flush to a supervisor that is gone
