@@ -2,23 +2,22 @@
 import sys
 from pathlib import Path
 
-import yaml
-from snakemake.utils import validate
-
 from longca.run.plan import plan_jobs
-from longca.spec.load import load_spec
+from longca.spec.load import SpecError, load_spec
 
 SPEC_FILE = config.get("spec", "specs/default.yaml")
 RESULTS = config.get("results", "results")
 REPORTS = config.get("reports", "reports")
 CHUNK = config.get("chunk_size")  # overrides the spec's chunk_size when set
 
-with open(SPEC_FILE) as _fh:
-    _raw = yaml.safe_load(_fh)
-# Snakemake's own JSON-schema check first, then longca's (same schema plus semantic checks),
-# both before any job is scheduled.
-validate(_raw, "../schemas/spec.schema.yaml")
-SPEC = load_spec(SPEC_FILE)
+# longca's check (the JSON schema, workflow/schemas/spec.schema.yaml, then the semantic checks), before
+# any job is scheduled, with the one-line message and exit status of every other entry point
+# (`longca validate`, `longca run`, `longca plan`): the field, the value and what is allowed.
+try:
+    SPEC = load_spec(SPEC_FILE)
+except SpecError as _exc:
+    print(f"longca: error: {_exc}", file=sys.stderr)
+    sys.exit(2)
 CELLS, JOBS = plan_jobs(SPEC, RESULTS, chunk_size=int(CHUNK) if CHUNK else None,
                         warn=lambda m: print(m, file=sys.stderr))
 CELL_OUTPUTS = [c.output(RESULTS) for c in CELLS]
