@@ -28,6 +28,10 @@ def main(argv: list[str] | None = None) -> int:
         msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         print(f"longca: error: {msg}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a read-only or full disk, a folder not ours: one line naming the path
+        where = exc.filename if exc.filename is not None else "(no path)"
+        print(f"longca: error: {where}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -148,19 +148,27 @@ def axis_name(key: str) -> str:
     return name
 
 
+# The longest sequence a spec may ask for: 16M tokens (one bf16 q of 64 heads x 128 is then 256 GiB;
+# 512K is the longest any published spec measures). A cell longer than its device can hold is an
+# `oom` row (longca.run.cell), a length past this a spec error.
+MAX_SEQLEN = 16 * 1024 * 1024
+SEQLEN_ALLOWED = "allowed: a number of tokens, or a number with K or M (32K, 1M), from 1 up to 16M"
+
+
 def parse_seqlen(value: Any) -> int:
-    """1024, "1K", "512K", "1M" -> tokens; ValueError for anything else or a length below 1."""
+    """1024, "1K", "512K", "1M" -> tokens; ValueError for anything else, a length below 1 or one
+    past MAX_SEQLEN."""
     if isinstance(value, bool):
-        raise ValueError(f"{value!r} is not a length; use an integer or a string like '32K'")
+        raise ValueError(f"{value!r} is not a length; {SEQLEN_ALLOWED}")
     if isinstance(value, int):
         n = value
     else:
         m = re.fullmatch(r"([0-9]+)([KkMm]?)", str(value).strip())
         if not m:
-            raise ValueError(f"{value!r} is not a length; use an integer or a string like '32K'")
+            raise ValueError(f"{value!r} is not a length; {SEQLEN_ALLOWED}")
         n = int(m.group(1)) * {"": 1, "k": 1024, "m": 1024 * 1024}[m.group(2).lower()]
-    if n < 1:
-        raise ValueError(f"{value!r}: a sequence length must be positive")
+    if not 1 <= n <= MAX_SEQLEN:
+        raise ValueError(f"{value!r} ({n} tokens) is out of range; {SEQLEN_ALLOWED}")
     return n
 
 

@@ -208,7 +208,12 @@ def test_the_default_run_produces_rows_and_a_report(default_local_run):
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
     assert (work / "results" / "default" / "all.parquet").stat().st_size > 0
     assert (work / "reports" / "default" / "index.html").is_file()
-    assert "report:" in proc.stdout + proc.stderr  # the closing summary names the report
+    out = proc.stdout + proc.stderr
+    assert "report:" in out  # the closing summary names the report
+    # output a person reads: a line per cell, never a job's list of cell paths
+    assert len(out.encode()) < 40_000, len(out.encode())
+    assert max(len(line) for line in out.splitlines()) <= 300
+    assert "cells/sweep=" not in out
 
 
 def test_the_ci_command_is_the_readme_test_command():

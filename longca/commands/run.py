@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from longca.spec.select import ONLY_HELP
 
@@ -70,6 +71,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "tools/sweep_projection.py --spec SPEC --cells-out writes them",
     )
     p.add_argument("outputs", nargs="*", help="cell output files to produce (as planned by the Snakefile)")
+    p.add_argument(
+        "--outputs-from",
+        metavar="FILE",
+        default=None,
+        help="read the cell output files from FILE, one a line (the Snakefile's job lists: a job's "
+        "command line stays short however many cells it has)",
+    )
     p.set_defaults(func=_run)
 
 
@@ -85,6 +93,8 @@ def _run(args: argparse.Namespace) -> int:
         from longca.measure.env import this_card_set
 
         args.results = args.results.replace("{card}", this_card_set(spec.device))
+    if args.outputs_from:
+        args.outputs += [line for line in Path(args.outputs_from).read_text().splitlines() if line.strip()]
     if args.outputs:
         return run_chunk(spec, args.outputs, args.results, args.launcher, time_left=time_left)
     cells, jobs = plan_jobs(spec, args.results, retry=frozenset(args.retry))

@@ -7,6 +7,7 @@ crashes are recorded by the supervising process (longca.run.chunk), which owns t
 from __future__ import annotations
 
 import json
+import os
 import time
 import traceback
 from collections.abc import Callable
@@ -114,6 +115,27 @@ def runtime_unsupported(cell: Cell, device: torch.device) -> str | None:
     if cell.pass_ != Pass.FWD:
         return backward_refusal(kernel, device)
     return None
+
+
+def device_memory(device: torch.device) -> int:
+    """Bytes of memory the device has in all: the GPU's, or the host's for a CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def beyond_memory(cell: Cell, device: torch.device) -> str | None:
+    """Why a cell cannot fit its device at all, before anything is allocated, or None: its q, k, v
+    and output (with a backward, their gradients and the upstream gradient too) alone exceed the
+    device's memory. A 1 TiB request then reads as the `oom` it is, not as an allocator's error."""
+    itemsize = DTYPES[cell.dtype].itemsize
+    per_token = (2 * cell.heads_q + 2 * cell.heads_kv) * cell.head_dim * itemsize
+    need = cell.batch * cell.seqlen * per_token * (1 if cell.pass_ == Pass.FWD else 2)
+    have = device_memory(device)
+    if need <= have:
+        return None
+    what = "q, k, v and the output" + ("" if cell.pass_ == Pass.FWD else ", with their gradients")
+    return f"out of memory: {what} alone need {need / 2**30:.1f} GiB; this device has {have / 2**30:.1f} GiB"
 
 
 def _make_inputs(
@@ -571,6 +593,9 @@ def run_cell(
     reason = runtime_unsupported(cell, device)
     if reason:
         return [status_row(cell, "unsupported", reason)]
+    reason = beyond_memory(cell, device)
+    if reason:
+        return [status_row(cell, Status.OOM, reason)]
     rows: list[dict[str, Any]] = []
     check = None
     t_check, check_s, failed, earlier_s = None, 0.0, None, 0.0

@@ -33,7 +33,7 @@ from typing import Any
 from longca.run.cell import planned_unsupported
 from longca.run.gpu_lease import gpu_count, gpu_names, lease_gpus
 from longca.run.lifeline import die_with_parent
-from longca.run.rows import status_row, summarize
+from longca.run.rows import LINE_MAX, cell_line, status_row, summarize
 from longca.run.time_left import TimeLeft
 from longca.spec.cells import Cell, expand
 from longca.spec.load import Spec, SpecError
@@ -63,6 +63,11 @@ def _on_term(signum, frame):  # noqa: ARG001
 
 def _log(msg: str) -> None:
     print(f"[longca] {msg}", file=sys.stderr, flush=True)
+
+
+def _line(cell: Cell, outcome: str, progress: tuple[int, int], index: int) -> None:
+    """The terminal's line for the cell at `index` of a group whose chunk `progress` describes."""
+    print(cell_line(cell, outcome, (progress[0] + index + 1, progress[1]) if progress[1] else None), file=sys.stderr)
 
 
 def _stream(path: Path) -> None:
@@ -191,12 +196,17 @@ def _describe_exit(code: int | None) -> str:
 
 
 def run_device_cells(
-    cells: list[Cell], outputs: list[str], workdir: Path, time_left: TimeLeft | None = None
+    cells: list[Cell],
+    outputs: list[str],
+    workdir: Path,
+    time_left: TimeLeft | None = None,
+    progress: tuple[int, int] = (0, 0),
 ) -> dict[str, Any]:
     """Run cells in worker processes, restarting after timeouts and crashes. Returns sweep stats,
-    and in "skipped" the outputs of cells left for a later run (`time_left`: they did not fit)."""
+    and in "skipped" the outputs of cells left for a later run (`time_left`: they did not fit).
+    `progress`: (cells of the chunk before these, cells of the chunk), for the terminal's lines."""
     job_file = workdir / "job.json"
-    job = {"cells": [c.to_json() for c in cells], "outputs": outputs}
+    job = {"cells": [c.to_json() for c in cells], "outputs": outputs, "progress": list(progress)}
     if time_left is not None:
         job["time_left"] = time_left.to_json()
     job_file.write_text(json.dumps(job))
@@ -245,7 +255,7 @@ def run_device_cells(
                             )
                         ],
                     )
-                    _log(f"{cell.id}: timeout after {cell.timeout_s:g} s")
+                    _line(cell, f"timeout after {cell.timeout_s:g} s", progress, idx)
                     finished_through = idx
                     stats["restarts"] += 1
                     break
@@ -257,7 +267,7 @@ def run_device_cells(
                     cell = cells[current]
                     reason = f"worker crashed ({_describe_exit(code)}) while running the cell; log: {_tail(log_path)}"
                     write_rows(outputs[current], [status_row(cell, "error", reason[:2000])])
-                    _log(f"{cell.id}: {reason[:300]}")
+                    _line(cell, f"error: {reason}", progress, current)
                     finished_through = current
                     stats["restarts"] += 1
                 elif code not in (0, 3) and finished_through + 1 < len(cells):
@@ -335,7 +345,9 @@ def cp_launch_command(world: int, launcher: str) -> list[str]:
     ]
 
 
-def run_cp_cells(cells: list[Cell], outputs: list[str], workdir: Path, launcher: str = "auto") -> None:
+def run_cp_cells(
+    cells: list[Cell], outputs: list[str], workdir: Path, launcher: str = "auto", progress: tuple[int, int] = (0, 0)
+) -> None:
     """Run the chunk's CP cells (all of one world size) in N-process groups, one cell limit at a time.
 
     Rank 0 runs cells in job order, so the first cell not reported done is the running one.
@@ -358,7 +370,9 @@ def run_cp_cells(cells: list[Cell], outputs: list[str], workdir: Path, launcher:
     start = 0
     while start < len(cells):
         job_file = workdir / f"cp_job-{start}.json"
-        job_file.write_text(json.dumps({"cells": [c.to_json() for c in cells[start:]], "outputs": outputs[start:]}))
+        job = {"cells": [c.to_json() for c in cells[start:]], "outputs": outputs[start:]}
+        job["progress"] = [progress[0] + start, progress[1]]  # rank 0's line for each cell says where it stands
+        job_file.write_text(json.dumps(job))
         env = dict(os.environ)
         env.setdefault("MASTER_ADDR", socket.gethostname() if os.environ.get("SLURM_JOB_ID") else "127.0.0.1")
         if "MASTER_PORT" not in os.environ:  # a fresh port per launch: a killed group's may still be held
@@ -411,12 +425,12 @@ def run_cp_cells(cells: list[Cell], outputs: list[str], workdir: Path, launcher:
                 + f"; CP process group killed; log: {hung_log}"
             )
             write_rows(outputs[idx], [status_row(cell, "timeout", reason[:2000])])
-            _log(f"{cell.id}: timeout after {cell.timeout_s:g} s")
+            _line(cell, f"timeout after {cell.timeout_s:g} s", progress, idx)
             done.add(cell.digest)
         elif code is not None:
             reason = f"no result from the CP process group ({_describe_exit(code)}); log: {_tail(log_path)}"
             write_rows(outputs[idx], [status_row(cell, "error", reason[:2000])])
-            _log(f"{cell.id}: {reason[:300]}")
+            _line(cell, f"error: {reason}", progress, idx)
             done.add(cell.digest)
         # else: killed as its cell was reported: progress was made, the next group starts at the open cell
         start = first_open(idx)
@@ -457,6 +471,12 @@ def run_chunk(
     with `time_left`, single-device cells that do not fit in it are left for a later run."""
     signal.signal(signal.SIGTERM, _on_term)
     check_gpu_model(spec)
+    # a folder that cannot take the cell files (read-only, full, a file in the way) fails here, as one
+    # OSError naming it, before any worker starts
+    folder = Path(results_dir) / spec.name
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryFile(dir=folder):
+        pass
     by_path = {os.path.normpath(c.output(results_dir)): c for c in (cells if cells is not None else expand(spec))}
     wanted = []
     for out in outputs:
@@ -465,19 +485,26 @@ def run_chunk(
             raise ValueError(f"{out!r} is not a cell output of spec {spec.name!r} under {results_dir!r}")
         wanted.append((by_path[key], out))
     planned = [(c, o, why) for c, o in wanted if (why := planned_unsupported(c))]
+    total = len(wanted)
     for cell, out, why in planned:
-        rows = [status_row(cell, "unsupported", why)]
-        write_rows(out, rows)
-        _log(f"{cell.id}: {summarize(rows)}")  # the terminal's line for every finished cell
+        write_rows(out, [status_row(cell, "unsupported", why)])
+    # known from the capabilities before anything runs: a line per kernel, mask and reason, not per cell
+    groups: dict[tuple[str, str, str], int] = {}
+    for cell, _, why in planned:
+        key = (cell.kernel, cell.mask, why)
+        groups[key] = groups.get(key, 0) + 1
+    for (kernel, mask, why), n in groups.items():
+        line = f"[longca] {n} cell(s) of {kernel} {mask} unsupported (by its capabilities): {' '.join(why.split())}"
+        print(line if len(line) <= LINE_MAX else line[: LINE_MAX - 3] + "...", file=sys.stderr, flush=True)
     runnable = [(c, o) for c, o in wanted if c.digest not in {p[0].digest for p in planned}]
     device = [(c, o) for c, o in runnable if c.cp_mechanism is None]
     cp = [(c, o) for c, o in runnable if c.cp_mechanism is not None]
     gpus = gpu_count() if spec.device == "cuda" and cp else 0
     too_wide = [(c, o) for c, o in cp if gpus and c.world_size > gpus]
-    for cell, out in too_wide:
+    for k, (cell, out) in enumerate(too_wide, start=len(planned)):
         rows = [status_row(cell, "unsupported", f"needs {cell.world_size} GPUs (world_size); {gpus} visible")]
         write_rows(out, rows)
-        _log(f"{cell.id}: {summarize(rows)}")
+        print(cell_line(cell, summarize(rows), (k + 1, total)), file=sys.stderr, flush=True)
     cp = [pair for pair in cp if pair not in too_wide]
     # Never two chunks on one GPU (Snakemake's local executor starts many at once): see gpu_lease.
     needed = max([1 if device else 0] + [c.world_size for c, _ in cp]) if spec.device == "cuda" else 0
@@ -497,15 +524,21 @@ def _run_cells(
     t0 = time.perf_counter()
     stats: dict[str, Any] = {"kernel_s": 0.0, "skipped": []}
     with tempfile.TemporaryDirectory(prefix="longca-chunk-") as tmp:
+        # the terminal numbers a chunk's cells in the order they end: the planned ones came first
+        offset = len(wanted) - len(device) - len(cp)
         if device:
-            stats = run_device_cells([c for c, _ in device], [o for _, o in device], Path(tmp), time_left)
+            stats = run_device_cells(
+                [c for c, _ in device], [o for _, o in device], Path(tmp), time_left, (offset, len(wanted))
+            )
+        offset += len(device)
         by_world: dict[int, list[tuple[Cell, str]]] = {}
         for c, o in cp:
             by_world.setdefault(c.world_size, []).append((c, o))
         for w, members in sorted(by_world.items()):
             sub = Path(tmp) / f"cp{w}"
             sub.mkdir()
-            run_cp_cells([c for c, _ in members], [o for _, o in members], sub, launcher)
+            run_cp_cells([c for c, _ in members], [o for _, o in members], sub, launcher, (offset, len(wanted)))
+            offset += len(members)
     wall = time.perf_counter() - t0
     skipped = set(stats["skipped"])
     if device:

@@ -58,6 +58,7 @@ from longca.run.check import check_columns, check_length, check_verdict
 from longca.run.lifeline import die_with_parent
 from longca.run.rows import (
     base_row,
+    cell_line,
     classify,
     gate_peak,
     mask_columns,
@@ -495,13 +496,14 @@ def main(argv: list[str] | None = None) -> int:
     timeout_s = max((c.timeout_s for c in cells), default=DEFAULT_TIMEOUT_S)
     rank, world, local = init_distributed(backends.pop(), timeout_s)
     device = torch.device("cuda", local) if device_type == "cuda" else torch.device("cpu")
+    before, total = job.get("progress") or (0, 0)
     try:
-        for cell, output in zip(cells, job["outputs"]):
+        for j, (cell, output) in enumerate(zip(cells, job["outputs"])):
             rows = run_cell(cell, rank, world, device)
             if rank == 0:
                 write_rows(output, rows)
                 Path(done_dir, f"{cell.digest}.done").touch()
-                print(f"[cp] {cell.digest}: {summarize(rows)}", flush=True)
+                print(cell_line(cell, summarize(rows), (before + j + 1, total) if total else None), flush=True)
     finally:
         dist.destroy_process_group()
     return 0

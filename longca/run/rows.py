@@ -165,15 +165,21 @@ def classify(exc: BaseException) -> tuple[str, str]:
     first = text.splitlines()[0][:500] if text else type(exc).__name__
     if isinstance(exc, Unsupported):
         return Status.UNSUPPORTED.value, str(exc)[:500]
-    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text.lower():
+    lowered = text.lower()
+    # CUDA's OutOfMemoryError, an adapter's own message, and the CPU allocator's refusal
+    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in lowered or "can't allocate memory" in lowered:
         return Status.OOM.value, first
     if "No available kernel" in text:
         return Status.UNSUPPORTED.value, first
     return Status.ERROR.value, first
 
 
+LINE_MAX = 150  # a terminal line per cell, never longer (the whole reason is in the row)
+
+
 def summarize(rows: list[dict[str, Any]]) -> str:
-    """One line for the log: status, median time and TFLOP/s (median over the cell's rows)."""
+    """A cell's outcome in a few words: status, median time and TFLOP/s (median over its rows), or
+    the status and the first line of its reason (an OOM message runs to a paragraph)."""
     import numpy as np
 
     r = rows[0]
@@ -181,4 +187,28 @@ def summarize(rows: list[dict[str, Any]]) -> str:
         med = float(np.median([x["median_ms"] for x in rows]))
         tf = float(np.median([x["tflops"] for x in rows]))
         return f"ok {med:.3f} ms {tf:.1f} TFLOP/s"
-    return f"{r['status']}: {str(r['reason'])[:200]}"  # an OOM message runs to a paragraph
+    first = next((line.strip() for line in str(r["reason"]).splitlines() if line.strip()), "")
+    return f"{r['status']}: {first}"
+
+
+def _length(n: int) -> str:
+    for size, unit in ((1 << 20, "M"), (1 << 10, "K")):
+        if n >= size and n % size == 0:
+            return f"{n // size}{unit}"
+    return str(n)
+
+
+def cell_line(cell: Cell, outcome: str, progress: tuple[int, int] | None = None) -> str:
+    """The terminal's one line for a cell (`outcome`: `summarize` of its rows, or what happened to
+    it): its place in its job, what it is (kernel, mask, length, heads, head dim, dtype, pass; the
+    CP mechanism and world size) and the outcome, at most LINE_MAX characters with the prefix."""
+    mask = cell.mask if cell.mask_variant == "default" else f"{cell.mask}({cell.mask_variant})"
+    what = (
+        f"{cell.kernel} {mask} {_length(cell.seqlen)} {cell.heads_q}:{cell.heads_kv} d{cell.head_dim} "
+        f"{cell.dtype} {cell.pass_}"
+    )
+    if cell.cp_mechanism is not None:
+        what += f" {cell.cp_mechanism} x{cell.world_size}"
+    where = f"{progress[0]}/{progress[1]} " if progress else ""
+    line = f"[longca] {where}{what}: {' '.join(outcome.split())}"
+    return line if len(line) <= LINE_MAX else line[: LINE_MAX - 3] + "..."

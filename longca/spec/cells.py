@@ -152,7 +152,7 @@ def _samples(sw: Sweep, mask: MaskChoice) -> int:
     return int(counts["single"]) if pat.sampled else 1
 
 
-def _excluded(sw: Sweep, values: dict[str, Any]) -> bool:
+def excluded(sw: Sweep, values: dict[str, Any]) -> bool:
     """Whether an `exclude` rule of the sweep matches every one of its keys (values normalised)."""
     return any(
         all(normalise(key, want) == normalise(key, values[axis_name(key)]) for key, want in rule.items())
@@ -295,7 +295,7 @@ def expand(spec: Spec) -> list[Cell]:
                 "cp_mechanism": mech,
                 "world_size": world,
             }
-            if _excluded(sw, values):
+            if excluded(sw, values):
                 continue
             cells.append(
                 Cell(

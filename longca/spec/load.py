@@ -7,6 +7,7 @@ raised before any cell is measured.
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -124,8 +125,8 @@ def _schema_error_message(err: jsonschema.ValidationError) -> SpecError:
         allowed = f"; allowed: {schema['enum']}"
     elif err.validator == "additionalProperties" and isinstance(schema.get("properties"), dict):
         allowed = f"; allowed keys: {sorted(schema['properties'])}"
-    elif err.validator == "oneOf" and path.startswith("sweeps") is False and "seqlens" in path:
-        allowed = "; allowed: a positive integer or a string like '32K'"
+    if re.search(r"(^|\.)(seqlens\.[0-9]+|seqlen)$", path):  # one message for a length, whatever the schema says
+        return SpecError(path, f"{err.instance!r} is not a length; {vocab.SEQLEN_ALLOWED}")
     return SpecError(path, f"{err.message}{allowed}")
 
 

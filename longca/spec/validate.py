@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -11,7 +12,7 @@ from longca.cp.ulysses import kv_replication
 from longca.kernels import registry
 from longca.kernels.base import Unsupported
 from longca.masks.registry import PATTERNS, resolve_params
-from longca.spec.cells import cp_layouts, resolve_balance
+from longca.spec.cells import cp_layouts, excluded, resolve_balance
 from longca.spec.load import Spec, SpecError, parse_seqlen
 from longca.vocab import CP_DTYPES, Balance, normalise
 
@@ -91,6 +92,7 @@ def check_spec(spec: Spec) -> None:
                 f"{rep['min_iters']} exceeds repeat.iters={rep['iters']}; min_iters must be <= iters",
             )
         _check_excludes(sw, where)
+        _check_cells_left(sw, where)
         _check_mask_fits(sw, where)
         if sw.cp is not None:
             _check_cp(spec, sw, where)
@@ -126,6 +128,27 @@ def _check_excludes(sw, where: str) -> None:
                     f"{where}.exclude.{j}.{key}",
                     f"{value!r} is not a value of this sweep's axis; allowed: {sorted(map(str, axis_values[key]))}",
                 )
+
+
+def _check_cells_left(sw, where: str) -> None:
+    """A sweep whose `exclude` rules remove every combination of its axes is a mistake, not a
+    sweep of no cells: name the rules."""
+    if not sw.exclude:
+        return
+    cps = [(m, w) for m in sw.cp["mechanisms"] for w in sw.cp["world_sizes"]] if sw.cp else [(None, 1)]
+    combos = itertools.product(
+        sw.kernels, sw.masks, sw.seqlens, sw.heads, sw.head_dims, sw.dtypes, sw.passes, sw.batch, cps
+    )
+    for k, m, s, (hq, hkv), d, dt, p, b, (mech, world) in combos:
+        values = {"kernel": k, "mask": m.name, "seqlen": s, "heads": f"{hq}:{hkv}", "head_dim": d, "dtype": dt}
+        values.update({"pass": p, "batch": b, "cp_mechanism": mech, "world_size": world})
+        if not excluded(sw, values):
+            return
+    raise SpecError(
+        f"{where}.exclude",
+        f"its {len(sw.exclude)} rule(s) remove every cell of sweep {sw.name!r} ({sw.exclude}); "
+        "allowed: rules that leave at least one cell, or drop the sweep",
+    )
 
 
 # Mask parameters that are lengths: a value beyond the sequence cannot mean what it says (a window

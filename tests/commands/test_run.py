@@ -258,3 +258,21 @@ def test_sample_from_draws_only_cells_measured_under_their_current_digest(tmp_pa
     assert main(["run", "--spec", str(spec), "--sample-from", str(table)]) == 2
     assert "only with --sample" in capsys.readouterr().err
     assert not calls
+
+
+def test_a_results_folder_that_cannot_be_written_is_one_line_naming_the_path(tmp_path):
+    import subprocess
+    import sys
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        "name: x\ndevice: cpu\nkernels: [naive]\nmasks: [full]\nseqlens: [64]\nheads: ['2:2']\n"
+        "head_dims: [16]\ndtypes: [float32]\npasses: [fwd]\nsweeps: [{name: s}]\n"
+    )
+    cmd = [sys.executable, "-m", "longca.cli", "run", "--spec", str(spec), "--results", str(blocker / "results")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith(f"longca: error: {blocker}/results") and "Not a directory" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr

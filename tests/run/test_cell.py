@@ -755,3 +755,32 @@ def test_a_sampled_mask_stops_drawing_once_two_draws_agree(monkeypatch, medians,
     rows = run_cell(cell)
     assert [r["mask_sample"] for r in rows] == list(range(draws))
     assert all(r["mask_samples"] == 3 for r in rows)  # 3 planned, `draws` taken
+
+
+def test_a_cell_its_device_cannot_hold_is_an_oom_row_before_anything_is_allocated():
+    s = load_spec(
+        text="""
+name: t
+device: cpu
+repeat: {warmup: 1, iters: 3, min_iters: 1, budget_s: 0.2, l2_flush: false}
+kernels: [naive]
+masks: [full]
+seqlens: ["8M"]
+heads: ["64:64"]
+head_dims: [128]
+dtypes: [float32]
+passes: [bwd]
+sweeps: [{name: s}]
+"""
+    )
+    (row,) = run_cell(expand(s)[0])
+    assert row["status"] == "oom"
+    assert row["reason"].startswith("out of memory: q, k, v and the output, with their gradients alone need 2048.0 GiB")
+
+
+def test_the_cpu_allocators_refusal_is_an_oom():
+    from longca.run.rows import classify
+
+    exc = RuntimeError("[enforce fail at alloc_cpu.cpp:121] DefaultCPUAllocator: can't allocate memory: you tried ...")
+    assert classify(exc)[0] == "oom"
+    assert classify(RuntimeError("some other failure"))[0] == "error"

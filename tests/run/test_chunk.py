@@ -66,7 +66,23 @@ def test_stopped_chunk_streams_the_worker_log(tmp_path, plugin_env, stopped_chun
     code, err = stopped_chunk(path, outputs, tmp_path / "results", lambda: os.path.exists(outputs[0]), settle_s=6)
     assert code == 128 + signal.SIGTERM
     # The worker never ended, yet its line for the finished cell reached the chunk's stderr.
-    assert f"[longca] {cells[0].id}: ok" in err
+    from longca.run.rows import cell_line
+
+    assert cell_line(cells[0], "ok", (1, 2)) + " " in err, err[-2000:]
+
+
+def test_a_cells_line_is_short_and_says_what_ran_and_how_it_ended(plugin_env):
+    from longca.run.rows import LINE_MAX, cell_line
+
+    cell = expand(load_spec(text=SPEC))[0]
+    reason = "unsupported: mask causal_document offers forms " + "['slices', 'dense'] " * 40 + "\nsecond line"
+    line = cell_line(cell, reason, (3, 40))
+    assert line.startswith(f"[longca] 3/40 {cell.kernel} full 192 2:2 d16 float32 fwd: unsupported: mask")
+    assert len(line) == LINE_MAX and line.endswith("...") and "\n" not in line
+    assert (
+        cell_line(cell, "ok 1.000 ms 2.0 TFLOP/s")
+        == f"[longca] {cell.kernel} full 192 2:2 d16 float32 fwd: ok 1.000 ms 2.0 TFLOP/s"
+    )
 
 
 def _sampled_spec(tmp_path, kernels: str, draws: int, timeout_s: float):

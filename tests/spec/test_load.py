@@ -257,3 +257,28 @@ def test_shipped_specs_load_and_expand(path):
 
     spec = load_spec(path)
     assert spec.name == path.stem and expand(spec)
+
+
+@pytest.mark.parametrize("value", ["1T", "1000000M", "0", "-5", "32 K"])
+def test_a_length_out_of_range_or_not_a_length_says_what_is_allowed(value):
+    text = (
+        f"name: x\ndevice: cpu\nkernels: [naive]\nmasks: [full]\nseqlens: [{value!r}]\nheads: ['2:2']\n"
+        "head_dims: [16]\ndtypes: [float32]\npasses: [fwd]\nsweeps: [{name: s}]\n"
+    )
+    with pytest.raises(SpecError) as err:
+        load_spec(text=text)
+    assert "seqlens.0" in err.value.field
+    assert "a number with K or M (32K, 1M), from 1 up to 16M" in str(err.value)
+
+
+def test_a_sweep_whose_exclude_removes_every_cell_is_an_error_naming_the_rules():
+    text = (
+        "name: x\ndevice: cpu\nkernels: [naive, sdpa_math]\nmasks: [full]\nseqlens: [64]\nheads: ['2:2']\n"
+        "head_dims: [16]\ndtypes: [float32]\npasses: [fwd]\n"
+        "sweeps: [{name: s, exclude: [{kernel: naive}, {kernel: sdpa_math}]}]\n"
+    )
+    with pytest.raises(SpecError) as err:
+        load_spec(text=text)
+    assert err.value.field == "sweeps.0.exclude" and "remove every cell of sweep 's'" in str(err.value)
+    assert "'kernel': 'sdpa_math'" in str(err.value)
+    load_spec(text=text.replace(", {kernel: sdpa_math}", ""))  # one rule leaves sdpa_math's cell

@@ -21,8 +21,8 @@ for _job in JOBS:
         params:
             spec=SPEC_FILE,
             results=RESULTS,
-            cells=_job.outputs,
+            cells=str(Path(_job.marker).with_suffix(".cells")),  # the job's cell paths (common.smk)
         # the whole output to the log; to the terminal, one line per finished cell (status, time, TFLOP/s)
         shell:
-            "longca run --spec {params.spec:q} --results {params.results:q} {params.cells:q} 2>&1 | tee {log:q}"
-            " | {{ grep --line-buffered '^\\[longca\\] ' || true; }}; touch {output.marker:q}"
+            "longca run --spec {params.spec:q} --results {params.results:q} --outputs-from {params.cells:q} 2>&1"
+            " | tee {log:q} | {{ grep --line-buffered '^\\[longca\\] ' || true; }}; touch {output.marker:q}"

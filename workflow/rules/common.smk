@@ -27,5 +27,12 @@ CELL_OUTPUTS = [c.output(RESULTS) for c in CELLS]
 for _job in JOBS:
     Path(_job.marker).unlink(missing_ok=True)
 JOB_MARKERS = [j.marker for j in JOBS]
+# Each job's cell paths, one a line, beside its marker: its command reads them from there
+# (`longca run --outputs-from`), so a command line (printed by --printshellcmds, on errors and on
+# interruption) stays short however many cells the job has.
+for _job in JOBS:
+    _cells = Path(_job.marker).with_suffix(".cells")
+    _cells.parent.mkdir(parents=True, exist_ok=True)
+    _cells.write_text("".join(f"{o}\n" for o in _job.outputs))
 AGGREGATE = f"{RESULTS}/{SPEC.name}/all.parquet"
 REPORT_INDEX = f"{REPORTS}/{SPEC.name}/index.html"
