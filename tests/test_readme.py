@@ -51,6 +51,7 @@ COMMANDS = {
     'pip install -e ".[gpu,slurm]"': "pip",
     "snakemake --cores 8 --config spec=specs/h200.yaml": "dry",
     "snakemake --profile profiles/slurm --config spec=specs/h200.yaml": "dry",
+    "longca run --spec specs/core.yaml --results 'results/{card}'": "run-card",
     "longca run --spec specs/h200.yaml --shard 0/2": "run-cpu",
     "longca run --spec specs/h200.yaml --sweep dense --only seqlen=32K": "run-cpu",
     "longca run --spec specs/h200.yaml --retry error": "run-cpu",
@@ -61,6 +62,8 @@ COMMANDS = {
     "longca repro @847b892f": "run",
     "longca model cp --spec specs/cp-scale.yaml --cluster specs/clusters/h200-ib.yaml --rates results/h200/all.parquet "
     "--sweep tokens_8k_w8 --out /tmp/cp-model.parquet": "run",
+    "longca model validate --cluster specs/clusters/h200-nvlink.yaml --rates results/h200/all.parquet "
+    "--cp-rows results/h200-cp/all.parquet --cp-spec specs/h200-cp.yaml --out /tmp/cp-validation.csv": "run",
     "pip install -e '.[slurm]'": "ci",
     "cp -r profiles/slurm profiles/mycluster": "run",
     "snakemake --profile profiles/mycluster --config spec=specs/h200.yaml": "dry",
@@ -101,7 +104,10 @@ def test_commands_run_as_written(cmd: str, tmp_path: Path, copy_workflow):
     if "results/h200-workflow" in cmd:
         shutil.copytree(ROOT / "results" / "h200-workflow", work / "results" / "h200-workflow")
         cmd = cmd.replace("/tmp/cmp", str(tmp_path / "cmp"))
+    if "results/h200-cp" in cmd:
+        shutil.copytree(ROOT / "results" / "h200-cp", work / "results" / "h200-cp")
     cmd = cmd.replace("/tmp/cp-model.parquet", str(tmp_path / "cp-model.parquet"))
+    cmd = cmd.replace("/tmp/cp-validation.csv", str(tmp_path / "cp-validation.csv"))
     argv = shlex.split(cmd)
     if argv[0] == "longca":
         proc = _longca(*argv[1:], cwd=work)
@@ -116,6 +122,8 @@ def test_commands_run_as_written(cmd: str, tmp_path: Path, copy_workflow):
         assert (tmp_path / "cmp" / "index.html").is_file()
     if argv[0] == "cp":
         assert (work / "profiles" / "mycluster" / "config.yaml").is_file()
+    if argv[:3] == ["longca", "model", "validate"]:
+        assert len((tmp_path / "cp-validation.csv").read_text().splitlines()) > 1
     if argv[:3] == ["longca", "model", "cp"]:
         model = duckdb.sql(f"SELECT source, status FROM '{tmp_path / 'cp-model.parquet'}'").fetchall()
         assert model and set(model) == {("model", "ok")}
@@ -175,6 +183,18 @@ def test_run_commands_on_a_machine_without_the_gpu(cmd: str, tmp_path: Path, cop
 
     rows = pl.read_parquet(written)
     assert set(rows.get_column("status")) == {"unsupported"}
+
+
+def test_a_card_set_run_on_a_machine_without_a_gpu_stops_before_any_cell(tmp_path: Path, copy_workflow):
+    # results/{card}: the set of the card the run is on; a machine without a GPU has none
+    (cmd,) = [c for c, how in COMMANDS.items() if how == "run-card"]
+    work = _copy_repo_for_run(copy_workflow, tmp_path / "repo")
+    proc = _longca(*shlex.split(cmd)[1:], cwd=work)
+    assert proc.returncode == 2, (cmd, proc.stdout[-2000:], proc.stderr[-2000:])
+    assert proc.stderr.strip() == (
+        "longca: error: results/{card}: this machine has no CUDA GPU, so its rows belong to no card's set"
+    )
+    assert not list(work.glob("results/*/core"))
 
 
 def test_snakemake_commands_plan_every_job(tmp_path: Path, copy_workflow):

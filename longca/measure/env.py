@@ -171,5 +171,8 @@ def card_set(device_name: str) -> str:
 
 
 def this_card_set(device_type: str) -> str:
-    """`card_set` of this machine's first device of `device_type` ("cuda" or "cpu")."""
+    """`card_set` of this machine's first device of `device_type` ("cuda" or "cpu"); a ValueError
+    for "cuda" on a machine without one (no card, so no card's set)."""
+    if device_type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("results/{card}: this machine has no CUDA GPU, so its rows belong to no card's set")
     return card_set(environment(device_type)["device_name"])
