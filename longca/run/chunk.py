@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from longca.run.cell import planned_unsupported
-from longca.run.gpu_lease import gpu_count, gpu_names, lease_gpus
+from longca.run.gpu_lease import gpu_count, gpu_names, held_lock_fds, lease_gpus
 from longca.run.lifeline import die_with_parent
 from longca.run.rows import LINE_MAX, cell_line, status_row, summarize
 from longca.run.time_left import TimeLeft
@@ -221,7 +221,7 @@ def run_device_cells(
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "longca.run.worker", str(job_file), str(write_fd), str(os.getpid())],
-                pass_fds=(write_fd,),
+                pass_fds=(write_fd, *held_lock_fds()),  # the GPU stays leased while the worker lives
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -384,7 +384,13 @@ def run_cp_cells(
         with open(log_path, "wb") as log:
             # the launcher dies with this supervisor, and each rank with its launcher (longca.run.ranks)
             proc = subprocess.Popen(
-                cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent
+                cmd,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=die_with_parent,
+                pass_fds=held_lock_fds(),  # the GPUs stay leased while the launcher lives
             )
             _children[proc] = CP_TERM_WAIT_S
         _stream(log_path)

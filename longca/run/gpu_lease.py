@@ -6,7 +6,8 @@ beside the others. So a chunk that needs GPUs takes them among the visible ones
 (CUDA_VISIBLE_DEVICES, or all) by an exclusive `flock` on one file per GPU, all it needs or none,
 waits while too few are free, and narrows CUDA_VISIBLE_DEVICES to its own for its workers and CP
 ranks. The kernel drops the locks when the process ends, however it ends, so a killed run leaves
-nothing to clean up.
+nothing to clean up; its workers and CP launchers hold them too (inherited descriptors), so a lock is
+free only once no process of the run is left.
 
 Lock files name a GPU as CUDA_VISIBLE_DEVICES does (an index or a UUID), in a folder per host or,
 inside a SLURM job, per job: SLURM may number each job's GPUs from 0, so jobs sharing a node keep
@@ -25,6 +26,15 @@ from contextlib import contextmanager
 from pathlib import Path
 
 LOCK_DIR_ENV = "LONGCA_GPU_LOCK_DIR"
+# The lock descriptors this process holds: its workers and CP launchers inherit them (`pass_fds`), so
+# a flock is dropped only when the last process of the run that could touch the GPU has ended, not
+# when the supervisor alone dies while a worker is still tearing down on the device.
+_held: list[int] = []
+
+
+def held_lock_fds() -> tuple[int, ...]:
+    """The descriptors of the GPU locks this process holds (for its children to inherit)."""
+    return tuple(_held)
 
 
 def default_lock_dir() -> Path:
@@ -129,6 +139,7 @@ def lease_gpus(
         time.sleep(poll_s)
     previous = os.environ.get("CUDA_VISIBLE_DEVICES")
     names = [name for name, _ in taken]
+    _held.extend(fd for _, fd in taken)
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(names)
     if log:
         log(f"leased GPU(s) {os.environ['CUDA_VISIBLE_DEVICES']}")
@@ -140,4 +151,5 @@ def lease_gpus(
         else:
             os.environ["CUDA_VISIBLE_DEVICES"] = previous
         for _, fd in taken:
+            _held.remove(fd)
             os.close(fd)

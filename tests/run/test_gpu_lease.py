@@ -140,3 +140,34 @@ def test_lock_folders_it_creates_are_open_to_every_user(tmp_path: Path) -> None:
     for d in (folder, folder.parent):
         assert d.stat().st_mode & 0o7777 == 0o1777
     assert tmp_path.stat().st_mode & 0o7777 != 0o1777  # what existed before is left as it was
+
+
+def test_a_gpu_stays_leased_while_a_child_that_inherited_the_lock_lives(tmp_path: Path) -> None:
+    """The supervisor's workers inherit its lock descriptors: killing the supervisor alone leaves
+    the GPU leased until its last worker has gone too."""
+    code = (
+        "import subprocess, sys, time; from pathlib import Path\n"
+        "from longca.run.gpu_lease import held_lock_fds, lease_gpus\n"
+        f"with lease_gpus(1, lock_dir=Path({str(tmp_path)!r}), gpus=['0']):\n"
+        "    child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], pass_fds=held_lock_fds())\n"
+        "    print(child.pid, flush=True); time.sleep(60)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+    child = int(proc.stdout.readline())
+    try:
+        proc.kill()
+        proc.wait()
+        got: list[list[str]] = []
+        t = threading.Thread(target=lambda: got.append(_lease(tmp_path, 1, 1)))
+        t.start()
+        time.sleep(0.5)
+        assert got == []  # the supervisor is gone, its child still holds the GPU
+        os.kill(child, 9)
+        t.join(5)
+        assert got == [["0"]]
+    finally:
+        try:
+            os.kill(child, 9)
+        except ProcessLookupError:
+            pass
