@@ -143,7 +143,22 @@ def project_spec(
         if ok and "/pass=fwd/" in ident:
             fwd_ms[ident.replace("/pass=fwd/", "/pass=")] = median(ok)
 
+    # The kernel of each problem (length, mask, shape, pass) that runs its comparator: the first the
+    # spec lists there that its capabilities allow; the others compare with results kept in the
+    # process (longca.run.agreement), so only that cell pays the comparator's calls.
+    pays_comparator: dict[tuple, str] = {}
+    for c in cells:
+        problem = (c.sweep, c.seqlen, c.mask, c.mask_params, c.heads_q, c.heads_kv, c.head_dim, c.dtype, c.pass_)
+        if problem not in pays_comparator and not planned_unsupported(c):
+            pays_comparator[problem] = c.kernel
+
     def cell_cost(cell, rows) -> float:
+        """Seconds of one cell under its spec's protocol, from its (or a similar cell's) rows: per
+        draw the timed calls the adaptive rule makes on the committed samples, the flushes, the
+        graph replays, a row's overhead, and where the full-length agreement applies its own call
+        (the warm-up: the forward, with a backward the forward and the backward) and, for the cell
+        that pays it, the comparator's; else the warm-up. With `repeat.draws_within`, two draws
+        where the committed rows' first two agree within it, else every draw."""
         rep, check = {**cell.repeat_dict, **{k: v for k, v in what_if.items() if k != "floor_calls"}}, cell.check_dict
         ok = [r for r in rows if r[1] == "ok" and r[2]]
         if not ok:
@@ -151,6 +166,9 @@ def project_spec(
             return float(cell.timeout_s) if status == "timeout" else float(rows[-1][4] or 0.0)
         per_draw = []
         ident = cell.id.rsplit("@", 1)[0]
+        agrees = bool(check.get("agree_with")) and cell.seqlen > int(check["max_seqlen"])
+        problem = (cell.sweep, cell.seqlen, cell.mask, cell.mask_params, cell.heads_q, cell.heads_kv)
+        pays = pays_comparator.get((*problem, cell.head_dim, cell.dtype, cell.pass_)) == cell.kernel
         for r in ok:
             samples = list(r[2])
             call = median(samples)
@@ -158,19 +176,24 @@ def project_spec(
             if what_if.get("floor_calls") and call < LONG_CALL_MS:
                 budget_s = max(budget_s, what_if["floor_calls"] * call / 1000.0)
             n = adaptive_calls(samples, rep.get("ci_target") or 1.0, rep.get("min_iters", 1), rep["iters"], budget_s)
-            warm = min(rep.get("warmup", 1), max(1, math.ceil(rep.get("warmup_s", 0.0) * 1000.0 / call))) * call
-            t = warm + n * (call + per_call_ms) + per_row_s * 1000.0
+            t = n * (call + per_call_ms) + per_row_s * 1000.0
             if rep.get("graph") and call < rep.get("graph_below_ms", math.inf):  # every pass is captured
                 t += n * (call + per_call_ms) + call
-            if check.get("agree_with") and cell.seqlen > int(check["max_seqlen"]):
+            if agrees:
                 fwd = fwd_ms.get(ident.replace(f"/pass={cell.pass_}/", "/pass="), call / 2.5)
-                # a forward cell: its own forward and the comparator's; with gradients compared, the
-                # comparator's forward and backward (the timed calls' own results are compared, and a
-                # fwd_bwd cell's output is one more forward); the comparator at the cell's own pace
-                t += fwd + call if check.get("agree_gradients") else 2 * fwd
+                own = fwd if cell.pass_ == "fwd" else fwd + call  # the agreement's call, the warm-up too
+                t += own + (own if pays else 0.0)  # the comparator at the cell's own pace
+            else:
+                t += min(rep.get("warmup", 1), max(1, math.ceil(rep.get("warmup_s", 0.0) * 1000.0 / call))) * call
             per_draw.append(t / 1000.0)
+        draws = cell.samples
+        within = rep.get("draws_within")
+        if within and cell.samples > 2 and len(ok) >= 2:
+            first_two = [ok[0][3], ok[1][3]]
+            if first_two[0] and first_two[1] and abs(first_two[0] - first_two[1]) / median(first_two) <= within:
+                draws = 2
         first = ok[0]
-        return sum(per_draw) / len(per_draw) * cell.samples + float(first[5] or 0.0) + float(first[6] or 0.0)
+        return sum(per_draw) / len(per_draw) * draws + float(first[5] or 0.0) + float(first[6] or 0.0)
 
     out: dict[str, list] = {}
     guess: dict[tuple, list] = defaultdict(list)  # measured costs per draw by sweep, length, pass (and kernel)
