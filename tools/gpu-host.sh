@@ -64,11 +64,17 @@ unpacking=$!
 # 2. the committed cells of this spec. A failed unpack stops the call: without the committed cells
 #    every cell would be measured again, spending the GPU time on rows that exist.
 name=$(python3 -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["name"])' "$spec")
-# The set: a spec that names its card (`gpu_model`) keeps its rows under results/<name>/; one that
-# does not puts them in the set of the card it runs on, results/<card>/<name>/ (results/h100/core/).
-named=$(python3 -c 'import sys, yaml; print(int("gpu_model" in yaml.safe_load(open(sys.argv[1]))))' "$spec")
-root=results
-[ "$named" = 0 ] && root=results/$(PYTHONPATH=$PWD:$host_tmp/site python3 -c 'from longca.measure.env import this_card_set; print(this_card_set("cuda"))')
+# The set: a CUDA spec that names no card (`gpu_model`) puts its rows in the set of the card it runs
+# on, results/<card>/<name>/ (results/h100/core/); the others keep results/<name>/
+root=$(PYTHONPATH=$PWD:$host_tmp/site python3 -c '
+import sys, yaml
+spec = yaml.safe_load(open(sys.argv[1]))
+if spec.get("device") == "cuda" and not spec.get("gpu_model"):
+    from longca.measure.env import this_card_set
+    print("results/" + this_card_set("cuda"))
+else:
+    print("results")
+' "$spec") || { echo "gpu-host: no result set for $spec on this machine" >&2; exit 4; }
 agg=$root/$name/all.parquet
 # A run into another folder (`--results DIR`: a re-run check with `--sample`) is a set of its own:
 # nothing committed is restored into it, and what comes back is its aggregate (cell files under

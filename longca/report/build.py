@@ -163,10 +163,30 @@ def _choose_page(
     kernels: list[str],
     moves: leases.BetweenRuns | None,
     replayed: leases.BetweenRuns | None = None,
+    current: tuple[str, set[str]] | None = None,
 ) -> Page:
     """The first page: the fastest kernel per mask and length for a shape, ranked at kernel time and
-    at eager time (a button switches), each lead judged by the moves between runs of its time."""
+    at eager time (a button switches), each lead judged by the moves between runs of its time.
+    `current`: (spec name, the ids of its current cells): the answers come only from cells measured
+    under the spec's current protocol (its cells' digests); that spec's other cells are left out
+    and counted (the Status page lists them)."""
     page = Page("index.html", "Choose", "Which kernel for my shape?")
+    protocol_note = None
+    if current is not None:
+        name, ids = current
+        theirs = pl.col("spec") == name
+        earlier = c.filter(theirs & ~pl.col("cell_id").is_in(list(ids))).height
+        c = c.filter(~theirs | pl.col("cell_id").is_in(list(ids)))
+        protocol_note = (
+            f"The answers come only from cells measured under the current protocol of spec {name!r} "
+            f"({c.filter(theirs).height} cells)"
+            + (
+                f"; {earlier} of its cells measured under earlier protocols are left out here (the Status page "
+                "lists them, the downloads hold them)."
+                if earlier
+                else "."
+            )
+        )
     ranked = []
     # kernel time only where some cell was replayed (never on a CPU, which has no CUDA graphs)
     for at in Time if queries.first_time(c) == Time.KERNEL else [Time.EAGER]:
@@ -183,6 +203,8 @@ def _choose_page(
         "parallelism (CP), what did not run and why (Status), and how the numbers were taken (Data)."
     )
     page.chart(charts.choose_chart(best, kernels), "No ok single-device softmax cells to choose from.")
+    if protocol_note:
+        page.p(protocol_note, "note")
     if moves is None:
         page.p(
             "A margin marked ~ lies inside the two kernels' 95% intervals. Each interval holds for its own run; "
@@ -873,6 +895,19 @@ def _write_data(table, out: Path, probe_table=None) -> None:
         write_table(d / "probes.parquet", probe_table, level=PUBLISHED_ZSTD_LEVEL)
 
 
+def _current_ids(spec_path: Path) -> tuple[str, set[str]] | None:
+    """(spec name, ids of its cells as the spec now defines them), or None when the file does not
+    load as a spec (`_stale_cells` warns of it)."""
+    from longca.spec.cells import expand
+    from longca.spec.load import SpecError, load_spec
+
+    try:
+        spec = load_spec(spec_path)
+    except SpecError:
+        return None
+    return spec.name, {c.id for c in expand(spec)}
+
+
 def _stale_cells(rows: pl.DataFrame, spec_path: Path) -> pl.DataFrame | None:
     """Per sweep, the drawn cells the spec file no longer has (an earlier version of it measured
     them), or None when the file does not load as a spec (it is still shown as given)."""
@@ -956,6 +991,7 @@ def build_report(
     spec_names = rows.get_column("spec").drop_nulls().unique().sort().to_list()
     spec_name = spec_path.stem if spec_path else (", ".join(spec_names) or "results")
     stale = _stale_cells(rows, spec_path) if spec_path is not None else None
+    current = _current_ids(spec_path) if spec_path is not None else None
     site_title = title or f"longca: {spec_name}"
     c = queries.cells(rows)
     peer = peers.load(peers_path)
@@ -972,7 +1008,7 @@ def build_report(
             moves.p95_at(pl.col("median_ms")), pl.col("tflops"), pl.col("tflops_ci_low"), pl.col("tflops_ci_high")
         )
         c = c.with_columns(low.alias("tflops_rerun_low"), high.alias("tflops_rerun_high"))
-    choose = _choose_page(c, ceiling, kernels, moves, replayed)
+    choose = _choose_page(c, ceiling, kernels, moves, replayed, current)
     overview, _ = _overview(c, rows, spec_name, stale)
     family = _family_pages(c, peer, local)
     mask_pages = _mask_pages(c, peers.for_masks(peer), kernels)

@@ -165,6 +165,7 @@ _DRAWN = {
     "time",
     "pct_matmul",
     "lead_clear",
+    "lead",
     "runner_up_tflops_ci_high",
     "matmul_tflops",
     "page",
@@ -482,25 +483,31 @@ def choose_chart(best: pl.DataFrame, kernels: Sequence[str]) -> ChartSpec | None
         page=pl.when(sparse)
         .then(pl.lit("sparse.html"))
         .otherwise(pl.col("mask").map_elements(lambda m: f"mask-{slug(m)}.html", pl.String)),
+        # three lines a square: the winner, its TFLOP/s and lead, the runner-up it leads
         label=pl.concat_str(
             [
                 pl.col("kernel"),
                 # "*": a kernel timed eagerly only (never captured) was faster here at eager time
                 pl.when(at_kernel & (pl.col("eager_only_faster") > 0)).then(pl.lit(" *")).otherwise(pl.lit("")),
                 pl.lit("\n"),
-                pl.col("tflops").round(0).cast(pl.Int64).cast(pl.String),
+                _tflops_text(pl.col("tflops")),
                 pl.when(pl.col("margin").is_null())
-                .then(pl.lit(" · alone"))
+                .then(pl.lit(" · alone\n "))
                 .otherwise(
                     pl.format(
-                        " · {}+{}%",
+                        " · {}+{}%\nvs {}",
                         # "~": the two kernels' 95% intervals overlap (a lead within the noise)
                         pl.when(pl.col("lead_clear").fill_null(False)).then(pl.lit("")).otherwise(pl.lit("~")),
                         (pl.col("margin") * 100).round(0).cast(pl.Int64),
+                        # a long name cut to the square (the tooltip has it whole)
+                        pl.when(pl.col("runner_up").str.len_chars() > 14)
+                        .then(pl.col("runner_up").str.slice(0, 13) + "…")
+                        .otherwise(pl.col("runner_up")),
                     )
                 ),
             ]
         ),
+        lead=pl.col("margin"),
     )
 
     def options(col: str, prefer: Any) -> tuple[list[Any], Any]:
@@ -508,9 +515,10 @@ def choose_chart(best: pl.DataFrame, kernels: Sequence[str]) -> ChartSpec | None
         return opts, prefer if prefer in opts else opts[0]
 
     passes = [p for p in ("fwd", "bwd", "fwd_bwd") if p in set(df.get_column("pass"))]
-    heads, heads0 = options("heads", _most_common(df, "heads"))
-    dims, dim0 = options("head_dim", 128)
-    dtypes, dtype0 = options("dtype", "bfloat16")
+    main = main_shape(df)  # the page opens on the shape with the most squares
+    heads, heads0 = options("heads", main["heads"])
+    dims, dim0 = options("head_dim", main["head_dim"])
+    dtypes, dtype0 = options("dtype", main["dtype"])
     p_heads = alt.param(name="heads", value=heads0, bind=alt.binding_select(options=heads, name="heads (q:kv) "))
     p_dim = alt.param(name="head_dim", value=dim0, bind=alt.binding_select(options=dims, name="head dim "))
     p_dtype = alt.param(name="dtype", value=dtype0, bind=alt.binding_select(options=dtypes, name="dtype "))
@@ -521,13 +529,20 @@ def choose_chart(best: pl.DataFrame, kernels: Sequence[str]) -> ChartSpec | None
         x=alt.X("seqlen_q:O", title="sequence length (tokens)", axis=alt.Axis(labelExpr=LEN_LABEL, orient="top")),
         y=alt.Y("mask_label:N", title=None, axis=alt.Axis(labelLimit=400)),
     )
-    rect = base.mark_rect(stroke="white", opacity=0.6, tooltip=TOOLTIP_ALL).encode(
-        color=alt.Color("kernel:N", title="best kernel", scale=kernel_scale(kernels), legend=alt.Legend(symbolLimit=0)),
+    # only the fields these squares have (no matmul share without a measured ceiling)
+    tooltip = [t for t in CHOOSE_TOOLTIP if t.shorthand.split(":")[0] in {*df.columns, "repro"}]
+    # the legend below the squares, in columns: beside them it was clipped on screens under 1920 px
+    legend = alt.Legend(symbolLimit=0, orient="bottom", columns=4, title="fastest kernel")
+    rect = base.mark_rect(stroke="white", opacity=0.6).encode(
+        color=alt.Color("kernel:N", title="best kernel", scale=kernel_scale(kernels), legend=legend),
         href="page:N",
+        tooltip=tooltip,
     )
-    text = base.mark_text(fontSize=9, lineBreak="\n", color="black").encode(text="label:N", href="page:N")
+    text = base.mark_text(fontSize=9, lineBreak="\n", color="black").encode(
+        text="label:N", href="page:N", tooltip=tooltip
+    )
     layered = alt.layer(rect, text, data=alt.NamedData(name=DATASET)).properties(
-        width=alt.Step(92), height=alt.Step(34)
+        width=alt.Step(88), height=alt.Step(46)
     )
     both = len(times) > 1
     chart = (
@@ -566,7 +581,7 @@ def choose_chart(best: pl.DataFrame, kernels: Sequence[str]) -> ChartSpec | None
         query="fastest ok single-device softmax kernel per mask, length, heads, head dim, dtype, pass",
         caption="Pick heads, head dim, dtype and pass above. Each square: the fastest kernel that ran (ok) at that "
         f"mask and length {at_time}, its TFLOP/s (exact mask area) "
-        "and its lead over the runner-up in per cent ('alone': "
+        "and its lead in per cent over the runner-up it names ('alone': "
         "no other kernel ran there; '~': the 95% intervals of the two medians overlap, so the lead is within "
         f"the timing noise); the tooltip names the runner-up, both intervals{ceiling}, the command that measures "
         "the cell again and the commit it was measured at. Click a square for the mask's page.",
@@ -575,6 +590,51 @@ def choose_chart(best: pl.DataFrame, kernels: Sequence[str]) -> ChartSpec | None
 
 def _most_common(df: pl.DataFrame, col: str) -> Any:
     return df.get_column(col).value_counts(sort=True).get_column(col)[0]
+
+
+def main_shape(best: pl.DataFrame) -> dict[str, Any]:
+    """The (heads, head dim, dtype) with the most squares on the choose page: a report opens on the
+    shape its spec is about (the default CPU spec's one bfloat16 cell is not its main shape), ties
+    going to head dim 128 and bfloat16, then the most common heads."""
+    counts = best.group_by("heads", "head_dim", "dtype").len()
+    common = best.get_column("heads").value_counts().rename({"count": "heads_rows"})
+    counts = counts.join(common, on="heads").with_columns(
+        d128=(pl.col("head_dim") == 128).cast(pl.Int8), bf16=(pl.col("dtype") == "bfloat16").cast(pl.Int8)
+    )
+    top = counts.sort(["len", "d128", "bf16", "heads_rows", "heads"], descending=[True, True, True, True, False])
+    return top.row(0, named=True)
+
+
+def _tflops_text(col: pl.Expr) -> pl.Expr:
+    """TFLOP/s as a square prints it: whole numbers from 10, three significant digits below (a CPU's
+    0.031 is not 0)."""
+    return (
+        pl.when(col >= 10)
+        .then(col.round(0).cast(pl.Int64).cast(pl.String))
+        .otherwise(col.map_elements(lambda v: f"{v:.3g}", pl.String))
+    )
+
+
+# The choose page's tooltip: its fields named for people, the most useful first (every column was
+# shown before, raw, taller than a screen).
+CHOOSE_TOOLTIP = [
+    alt.Tooltip("mask_label:N", title="mask"),
+    alt.Tooltip("seqlen_q:Q", title="sequence length (tokens)", format=","),
+    alt.Tooltip("pass:N", title="pass"),
+    alt.Tooltip("kernel:N", title="fastest kernel"),
+    alt.Tooltip("tflops:Q", title="its TFLOP/s (exact mask area)", format=".4~g"),
+    alt.Tooltip("median_ms:Q", title="its median time (ms)", format=".4~g"),
+    alt.Tooltip("timing:N", title="timed by"),
+    alt.Tooltip("runner_up:N", title="runner-up"),
+    alt.Tooltip("runner_up_tflops:Q", title="runner-up's TFLOP/s", format=".4~g"),
+    alt.Tooltip("lead:Q", title="lead over the runner-up", format="+.1%"),
+    alt.Tooltip("lead_clear:N", title="lead beyond both 95% intervals"),
+    alt.Tooltip("kernels:Q", title="kernels that ran here"),
+    alt.Tooltip("pct_matmul:Q", title="share of the measured matmul rate", format=".0%"),
+    alt.Tooltip("machine:N", title="measured on"),
+    alt.Tooltip("repro:N", title="measure it again"),
+    alt.Tooltip("git_commit:N", title="at commit"),
+]
 
 
 def fraction_chart(frac: pl.DataFrame) -> ChartSpec | None:

@@ -94,7 +94,7 @@ def main(argv: list[str]) -> int:
                 on_checked=lambda drawn=drawn: drawn.__setitem__(-1, time.time()),
             )
         except LeftForLater as later:
-            print(cell_line(cell, f"left for a later run: {later}", where(i)), file=sys.stderr, flush=True)
+            print(cell_line(cell, str(later), where(i)), file=sys.stderr, flush=True)  # "left for a later run: ..."
             status.write(f"SKIP {i}\n")
             if _held_memory(held_by_failed_captures()):
                 return EXIT_RESTART

@@ -487,3 +487,41 @@ def test_a_mask_pages_numbers_are_the_time_its_chart_draws_first(site: Path, row
     for kernel_time, eager in flex.select("tflops_kernel", "tflops").rows():
         assert kernel_time == pytest.approx(eager / 0.4)
         assert f'class=" num">{round(kernel_time)}</td>' in html
+
+
+def test_the_choose_page_answers_only_from_cells_of_the_specs_current_protocol(tmp_path: Path) -> None:
+    """A faster row of an earlier protocol (another digest of the same cell) never wins a square:
+    the page ranks the current cells and says how many earlier ones it left out."""
+    import json
+    from datetime import UTC, datetime
+
+    from longca.report import build_report
+    from longca.spec.cells import expand
+    from longca.spec.load import load_spec
+    from longca.store.schema import to_table
+
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(
+        "name: tiny\ndevice: cpu\nheads: ['2:2']\nhead_dims: [16]\ndtypes: [float32]\npasses: [fwd]\n"
+        "sweeps:\n  - name: dense\n    kernels: [naive, sdpa_math]\n    masks: [full]\n    seqlens: [128]\n"
+    )
+    cells = {c.kernel: c for c in expand(load_spec(spec))}
+    shape = dict(spec="tiny", sweep="dense", seqlen_q=128, seqlen_k=128, heads_q=2, heads_kv=2, head_dim=16)
+    shape.update({"dtype": "float32", "mask_variant": "default", "pass": "fwd"})
+    now = [
+        dict(ok_row(**shape, kernel=k, median_ms=ms, tflops=6.0 / ms), cell_id=cells[k].id, cell_digest=cells[k].digest)
+        for k, ms in (("naive", 2.0), ("sdpa_math", 3.0))
+    ]
+    # sdpa_math under an earlier protocol: ten times faster, its id's digest not the spec's
+    old_id = cells["sdpa_math"].id.rsplit("@", 1)[0] + "@0ld0ld00"
+    earlier = dict(now[1], median_ms=0.2, tflops=30.0, cell_id=old_id, cell_digest="0ld0ld000000", run_id="old-run")
+    earlier["timestamp"] = datetime(2024, 1, 1, tzinfo=UTC)  # measured before the current rows
+    pq.write_table(to_table([*now, earlier]), tmp_path / "rows.parquet")
+    build_report([tmp_path / "rows.parquet"], tmp_path / "site", spec=spec, png=False, static_exports=False)
+    text = (tmp_path / "site" / "assets" / "data.js").read_text()
+    choose = decode(json.loads(text.removeprefix("window.LONGCA_DATA = ").rstrip().rstrip(";"))["choose"])
+    assert [(r["kernel"], r.get("runner_up")) for r in choose] == [("naive", "sdpa_math")]
+    page = (tmp_path / "site" / "index.html").read_text()
+    assert (
+        "only from cells measured under the current protocol of spec &#39;tiny&#39; (2 cells); 1 of its cells" in page
+    )

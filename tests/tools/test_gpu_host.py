@@ -181,3 +181,14 @@ def test_a_call_passes_its_time_left_and_the_projections_to_the_run(tmp_path: Pa
         tar.extractall(tmp_path / "logs")
     log = (tmp_path / "logs" / "run-0.log").read_text()
     assert "--estimates 'results/default/estimates.parquet': allowed: a Parquet table with columns" in log
+
+
+def test_a_spec_that_names_no_card_needs_a_gpu_to_know_its_set(tmp_path: Path) -> None:
+    # specs/core.yaml names no card: its rows go to the set of the card the call runs on
+    # (results/<card>/core/); a machine without a GPU has no such set, so nothing runs
+    work, out = _tree(tmp_path, unreadable_aggregate=False), tmp_path / "out"
+    done = _call(work, out, 60, spec=ROOT / "specs" / "core.yaml")
+    assert done.returncode == 4, done.stderr
+    assert "this machine has no CUDA GPU, so its rows belong to no card's set" in done.stderr
+    assert "gpu-host: no result set for" in done.stderr
+    assert not list(work.glob("results/*/core")) and not (out / "core.parquet").exists()

@@ -57,10 +57,12 @@ def test_full_then_incremental(workdir):
     # the terminal: one line per finished cell; the aggregate and `all` list one marker per job, not
     # every cell, and the reason lines (a job's outputs again) are quiet (profiles/default)
     out = proc.stdout + proc.stderr
-    assert len(re.findall(r"^\[longca\] kernel=.*: (ok|unsupported)", out, flags=re.M)) == 36
-    assert "reason:" not in out
-    inputs = [line for line in out.splitlines() if line.strip().startswith("input:")]
-    assert inputs and all(len(line) < 1000 and "cells/" not in line for line in inputs), inputs
+    assert len(re.findall(r"^\[longca\] \d+/\d+ \S+ .*: ok ", out, flags=re.M)) == 32
+    # the cells the capabilities rule out: a line per kernel, mask and reason
+    refused = re.findall(r"^\[longca\] (\d+) cell\(s\) of \S+ \S+ unsupported", out, flags=re.M)
+    assert sum(map(int, refused)) == 4, refused
+    assert "reason:" not in out and "cells/sweep=" not in out
+    assert max(len(line) for line in out.splitlines()) <= 300
 
     # Nothing to do on a second run.
     proc = snakemake(workdir, spec)
