@@ -43,6 +43,18 @@ CASES = {
         ("usp", {"ulysses": 2, "ring": 2}),
         ("loongtrain", {"ulysses": 1, "ring": 4, "windows": 2}),
         ("loongtrain", {"ulysses": 2, "ring": 2, "windows": 2}),
+        # the degrees specs/cp-scale.yaml and the model use: 4 windows (where the outer ring's order
+        # matters: with 2 windows reversing it changes nothing), and USP all-Ulysses or all-ring
+        ("loongtrain", {"ulysses": 1, "ring": 4, "windows": 4}),
+        ("usp", {"ulysses": 4, "ring": 1}),
+        ("usp", {"ulysses": 1, "ring": 4}),
+    ],
+    # 8 processes on the CI's 2 cores: the splits of world 8 the model's spec names
+    8: [
+        ("usp", {"ulysses": 4, "ring": 2}),
+        ("usp", {"ulysses": 2, "ring": 4}),
+        ("loongtrain", {"ulysses": 1, "ring": 8, "windows": 4}),
+        ("loongtrain", {"ulysses": 2, "ring": 4, "windows": 2}),
     ],
 }
 
@@ -76,17 +88,18 @@ def _worker(rank: int, world: int, port: int, doc_file: str, result_file: str) -
     results = []
     kernel = rank_kernel("naive")
     dev = torch.device("cpu")
+    seqlen = 64 if world == 8 else SEQLEN  # `document` balance cuts 4 x world equal chunks
     for mask_name in STATIC:
-        mask = build_mask(mask_name, SEQLEN, small_params(mask_name, doc_file), seed=3)
+        mask = build_mask(mask_name, seqlen, small_params(mask_name, doc_file), seed=3)
         g = torch.Generator().manual_seed(11)
-        q, dout = (torch.randn(BATCH, HQ, SEQLEN, HEAD_DIM, generator=g, dtype=torch.float64) for _ in range(2))
-        k, v = (torch.randn(BATCH, HKV, SEQLEN, HEAD_DIM, generator=g, dtype=torch.float64) for _ in range(2))
+        q, dout = (torch.randn(BATCH, HQ, seqlen, HEAD_DIM, generator=g, dtype=torch.float64) for _ in range(2))
+        k, v = (torch.randn(BATCH, HKV, seqlen, HEAD_DIM, generator=g, dtype=torch.float64) for _ in range(2))
         ref = reference_attention(q, k, v, mask.slices, dout)
-        # World 2 crosses every balance with every case; world 4 rotates balances over masks to
-        # keep CI time down (4 processes on 2 cores) while still running each balance there.
+        # World 2 crosses every balance with every case; worlds 4 and 8 rotate balances over masks
+        # to keep CI time down (4 or 8 processes on 2 cores) while still running each balance there.
         balances = BALANCES if world == 2 else (BALANCES[STATIC.index(mask_name) % len(BALANCES)],)
         for balance in balances:
-            sharding = make_sharding(balance, SEQLEN, world, mask.slices)
+            sharding = make_sharding(balance, seqlen, world, mask.slices)
             pos = torch.from_numpy(sharding.positions(rank))
             for mech, degrees in CASES[world]:
                 case = {"mask": mask_name, "balance": balance, "mechanism": mech, "degrees": degrees}
@@ -152,7 +165,7 @@ def doc_file(tmp_path_factory) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [2, 4, 8])
 def test_every_mechanism_and_mask_matches_reference(world: int, doc_file: str, tmp_path) -> None:
     result_file = str(tmp_path / "results.json")
     mp.start_processes(_worker, args=(world, free_port(), doc_file, result_file), nprocs=world, start_method="spawn")
@@ -166,7 +179,9 @@ def test_every_mechanism_and_mask_matches_reference(world: int, doc_file: str, t
         for r in failures
     ]
     assert not failures, f"{len(failures)} failing cases, first: {summary[:6]}"
-    n_cases = len(STATIC) * ((len(BALANCES) * len(CASES[2]) + len(FLEX_MECHANISMS)) if world == 2 else len(CASES[4]))
+    n_cases = len(STATIC) * (
+        (len(BALANCES) * len(CASES[2]) + len(FLEX_MECHANISMS)) if world == 2 else len(CASES[world])
+    )
     if world == 2:  # the Flex cases checked gradients too
         assert sum(len(r["errors"]) == 4 for r in results if r.get("kernel") == "flex") == len(STATIC) * len(
             FLEX_MECHANISMS

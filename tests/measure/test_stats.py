@@ -120,3 +120,47 @@ def test_without_a_target_the_protocol_is_unchanged():
 def test_a_target_outside_0_1_is_refused(bad):
     with pytest.raises(ValueError, match="ci_target"):
         _Scripted([1.0] * 10).time(lambda: None, warmup=0, iters=10, ci_target=bad)
+
+
+# Worked out by hand (exact binomial sums), not by the functions under test: the 95% interval of the
+# median of n samples is (x(j), x(n+1-j)) for the largest j with P(B <= j-1) <= 0.025, B ~ Bin(n, 1/2).
+#   n = 6:  P(B <= 0) = 1/64 = 0.0156;      P(B <= 1) = 7/64 = 0.109         -> j = 1: (x1, x6)
+#   n = 10: P(B <= 1) = 11/1024 = 0.0107;   P(B <= 2) = 56/1024 = 0.0547     -> j = 2: (x2, x9)
+#   n = 20: P(B <= 5) = 21700/2^20 = 0.0207; P(B <= 6) = 60460/2^20 = 0.0577 -> j = 6: (x6, x15)
+#   n = 24: P(B <= 6) = 190051/2^24 = 0.0113; P(B <= 7) = 536155/2^24 = 0.0320 -> j = 7: (x7, x18)
+#   n = 5:  P(B <= 0) = 1/32 = 0.031 > 0.025: no j; the full range covers 1 - 2/32 = 93.75% only
+@pytest.mark.parametrize(
+    "samples, low, high, covered",
+    [
+        ([5.0, 3.0, 6.0, 1.0, 4.0, 2.0], 1.0, 6.0, True),
+        ([10.0, 2.0, 9.0, 3.0, 8.0, 4.0, 7.0, 5.0, 6.0, 1.0], 2.0, 9.0, True),
+        ([float(v) for v in range(20, 0, -1)], 6.0, 15.0, True),
+        ([float(v) for v in range(1, 25)], 7.0, 18.0, True),
+        ([2.0, 1.0, 3.0, 5.0, 4.0], 1.0, 5.0, False),
+    ],
+)
+def test_the_interval_of_the_median_is_the_hand_computed_order_statistics(samples, low, high, covered):
+    ci = median_ci(samples)
+    assert (ci.low, ci.high, ci.covered) == (low, high, covered)
+
+
+def test_the_half_width_is_the_larger_side():
+    from longca.measure.stats import MedianCI
+
+    # median 10, low 9 (10% below), high 10.5 (5% above): the interval's half width is 10%
+    assert MedianCI(low=9.0, high=10.5, covered=True).half_width(10.0) == pytest.approx(0.10)
+    assert MedianCI(low=9.5, high=12.0, covered=True).half_width(10.0) == pytest.approx(0.20)
+
+
+def test_the_stopping_rule_on_a_hand_worked_sequence():
+    # 6 calls alternating 1.0 / 1.2 ms: interval (1.0, 1.2) about the median 1.1, +-9.1% > 5%: more.
+    # The next batch is as large as the samples so far (6), all 1.0: 12 samples, nine 1.0 and three
+    # 1.2, interval (x3, x10) = (1.0, 1.2) about 1.0: +20%: more. Next batch 12: 24 samples,
+    # twenty-one 1.0, interval (x7, x18) = (1.0, 1.0): within 5%, stop at 24.
+    script = [1.0, 1.2] * 3 + [1.0] * 100
+    t = _Scripted(script).time(lambda: None, warmup=0, iters=1000, budget_s=100.0, ci_target=0.05)
+    assert t.timed_iters == 24 and t.ci_met is True
+    assert (t.ci.low, t.ci.high) == (1.0, 1.0)
+    # the same calls capped at 20: 6, 12, then a batch of 8 (what the cap leaves) and the stop
+    t = _Scripted([1.0, 1.2] * 100).time(lambda: None, warmup=0, iters=20, budget_s=100.0, ci_target=0.05)
+    assert t.timed_iters == 20 and t.ci_met is False
