@@ -182,6 +182,7 @@ def test_reference_is_per_document_recurrence_with_gqa(name: str) -> None:
 def test_fla_signature_takes_our_arguments(name: str) -> None:
     """Guards against fla API drift: every keyword we pass is a parameter of the installed function."""
     import fla  # noqa: F401  (the test extra installs fla-core: a missing one fails, never skips)
+
     op = registry.get(name).op
     params = inspect.signature(op.load()).parameters
     inputs = {key: torch.zeros(1) for key in op.extra_args.values()}
@@ -195,6 +196,7 @@ def test_fla_signature_takes_our_arguments(name: str) -> None:
 @pytest.mark.parametrize("mask", ["causal", "causal_document"])
 def test_fla_matches_reference_on_gpu(name: str, mask: str) -> None:
     import fla  # noqa: F401  (the test extra installs fla-core: a missing one fails, never skips)
+
     dev = torch.device("cuda")
     m = build_mask("causal", 512) if mask == "causal" else _doc_mask((100, 300, 1, 111))
     prepared = _prepare(name, m, batch=2, hq=4, hkv=2, d=64, dtype=torch.bfloat16, device=dev)
@@ -227,6 +229,7 @@ def test_a_long_linear_cell_agrees_with_its_recurrent_form_on_gpu(name: str, pas
     """The full-length agreement on fla's kernels (run on the H200): a cell beyond the check length
     is compared with its own family's recurrent kernel, output and (backward) gradients."""
     import fla  # noqa: F401  (the test extra installs fla-core: a missing one fails, never skips)
+
     from longca.run.cell import run_cell
     from longca.spec.cells import expand
     from longca.spec.load import load_spec
@@ -294,6 +297,7 @@ def test_gated_backward_refused_where_fla_refuses_it() -> None:
 
 def test_backward_refusal_reads_fla_flags_and_passes_on_cpu() -> None:
     import fla  # noqa: F401  (the test extra installs fla-core: a missing one fails, never skips)
+
     from longca.kernels.adapters.linear_fla import dqkwg_guard_flags
     from longca.kernels.registry import get
 
