@@ -3,7 +3,7 @@
 Each fails in one way a real kernel can: wrong numbers (everywhere, or only beyond the check length: its
 output or its gradients), a crash, a hang, an exception, an
 out-of-memory error (always, or only with more than 2 heads a call), or an impossible speed. The pipeline must turn each into the right row.
-One is right but slow (`test_slow`: 1.5 s a call), for time limits that must not fire.
+One is right but slow (`test_slow`: 1 s a call), for time limits that must not fire.
 The hang and segfault kernels are CP per-rank kernels too, failing on rank 1 only, so rank 0 is left
 waiting in a collective, as when one GPU of a group fails.
 
@@ -73,7 +73,7 @@ class Faulty:
             if mode == "hang" and q.shape[2] > 128:
                 time.sleep(3600)
             if mode == "slow" and q.shape[2] > 128:
-                time.sleep(1.5)  # right, but every timed call takes 1.5 s: a long cell, not a hung one
+                time.sleep(1.0)  # right, but every timed call takes 1 s: a long cell, not a hung one
             if mode == "raise" and q.shape[2] > 128:
                 raise RuntimeError("deliberate failure inside the kernel")
             if mode == "oom" and q.shape[2] > 128:
