@@ -46,6 +46,7 @@ import torch
 
 from longca.kernels import registry
 from longca.kernels.base import DTYPES, Unsupported
+from longca.kernels.layout import from_bshd, to_bshd
 from longca.masks.mask import Mask
 from longca.measure.reference import error_ratio, error_sums
 from longca.measure.reference_cache import ReferenceCache
@@ -277,16 +278,14 @@ def _results(
 ) -> dict[str, torch.Tensor]:
     """A prepared comparator's output on the inputs, and its gradients with `dout_bshd` when given, as
     (B, S, H, D) tensors."""
-    from longca.run.cell import _from_bshd, _to_bshd
-
     grads = dout_bshd is not None
-    args = [_from_bshd(x.detach().to(dtype), prepared.layout).requires_grad_(grads) for x in inputs_bshd]
+    args = [from_bshd(x.detach().to(dtype), prepared.layout).requires_grad_(grads) for x in inputs_bshd]
     with torch.set_grad_enabled(grads):
         out = prepared.call(*args)
-    results = {"out": _to_bshd(out.detach(), prepared.layout, batch)}
+    results = {"out": to_bshd(out.detach(), prepared.layout, batch)}
     if grads:
-        out.backward(_from_bshd(dout_bshd.to(dtype), prepared.layout))
+        out.backward(from_bshd(dout_bshd.to(dtype), prepared.layout))
         del out
         for name, x in zip(GRADIENTS, args):
-            results[name] = _to_bshd(x.grad, prepared.layout, batch)
+            results[name] = to_bshd(x.grad, prepared.layout, batch)
     return results

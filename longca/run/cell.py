@@ -30,6 +30,7 @@ from longca.kernels.base import (
     rank_unsupported_reason,
     static_unsupported_reason,
 )
+from longca.kernels.layout import from_bshd, to_bshd
 from longca.masks.forms import forms_of
 from longca.masks.mask import Mask
 from longca.masks.registry import PATTERNS, build_mask, resolve_params
@@ -171,14 +172,6 @@ def _make_inputs(
     return tuple(tensors)
 
 
-def _to_bshd(x: torch.Tensor, layout: str, batch: int) -> torch.Tensor:
-    if layout == "bhsd":
-        return x.transpose(1, 2)
-    if layout == "thd":
-        return x.reshape(batch, -1, x.shape[-2], x.shape[-1])
-    return x
-
-
 def _build(
     cell: Cell, seqlen: int, sample: int, caches: CellCaches, inputs=None, keep: bool = False
 ) -> tuple[Mask, float]:
@@ -307,7 +300,7 @@ def check_correctness(cell: Cell, device: torch.device, caches: CellCaches | Non
     if rounded:
         q, k, v = (x.detach().to(dtype).to(ref_dtype).requires_grad_(True) for x in (q, k, v))
     prepared, _ = prepare_for(cell, kernel, mask, dtype, device, cell.pass_ != Pass.FWD if split else None)
-    kq, kk, kv, kdo = (_from_bshd(x, prepared.layout).to(dtype).detach() for x in (q, k, v, do))
+    kq, kk, kv, kdo = (from_bshd(x, prepared.layout).to(dtype).detach() for x in (q, k, v, do))
     for x in (kq, kk, kv):
         x.requires_grad_(grads)
     out = prepared.call(kq, kk, kv)
@@ -340,7 +333,7 @@ def check_correctness(cell: Cell, device: torch.device, caches: CellCaches | Non
             ref = family_ref(q, k, v) if family_ref else reference_attention(q, k, v, dense_mask_tensor(mask, device))
         result = {
             "check_seqlen": check_len,
-            "rel_err_out": relative_error(_to_bshd(out, prepared.layout, cell.batch), ref),
+            "rel_err_out": relative_error(to_bshd(out, prepared.layout, cell.batch), ref),
         }
         ref_grads = None
         if grads:
@@ -358,7 +351,7 @@ def check_correctness(cell: Cell, device: torch.device, caches: CellCaches | Non
                     ref_grads = {"dq": q.grad, "dk": k.grad, "dv": v.grad}
                 for name, mine in (("dq", kq), ("dk", kk), ("dv", kv)):
                     result[f"rel_err_{name}"] = relative_error(
-                        _to_bshd(mine.grad, prepared.layout, cell.batch), ref_grads[name]
+                        to_bshd(mine.grad, prepared.layout, cell.batch), ref_grads[name]
                     )
         if ref_key and not cached:
             caches.references.put(ref_key, {"out": ref, **(ref_grads or {})})
@@ -369,14 +362,6 @@ def check_correctness(cell: Cell, device: torch.device, caches: CellCaches | Non
         caches.checks.clear()
     caches.checks[key] = result
     return {**result, "cached": False}
-
-
-def _from_bshd(x: torch.Tensor, layout: str) -> torch.Tensor:
-    if layout == "bhsd":
-        return x.transpose(1, 2).contiguous()
-    if layout == "thd":
-        return x.reshape(-1, x.shape[-2], x.shape[-1]).contiguous()
-    return x.contiguous()
 
 
 def _measure_sample(
@@ -392,7 +377,7 @@ def _measure_sample(
         cell.seqlen,
         sample,
         caches,
-        inputs=(_to_bshd(q, kernel.layout, cell.batch).detach(), _to_bshd(k, kernel.layout, cell.batch).detach()),
+        inputs=(to_bshd(q, kernel.layout, cell.batch).detach(), to_bshd(k, kernel.layout, cell.batch).detach()),
         keep=True,
     )
     prepared, form = prepare_for(cell, kernel, mask, dtype, device, need_grad)
@@ -401,10 +386,10 @@ def _measure_sample(
         return compare(
             cell,
             mask,
-            tuple(_to_bshd(x, kernel.layout, cell.batch) for x in (q, k, v)),
+            tuple(to_bshd(x, kernel.layout, cell.batch) for x in (q, k, v)),
             own_results,
             device,
-            dout_bshd=_to_bshd(do, kernel.layout, cell.batch) if need_grad else None,
+            dout_bshd=to_bshd(do, kernel.layout, cell.batch) if need_grad else None,
             held=caches.agreements,
             draw=sample,
         )
@@ -551,10 +536,10 @@ def _own_results(
             saved["out"] = out
     end = time.perf_counter()
     walls.update(wall_s=end - t0, timed_part_s=end - part_from)
-    results = {"out": _to_bshd(out.detach(), layout, cell.batch)}
+    results = {"out": to_bshd(out.detach(), layout, cell.batch)}
     if compares_gradients(cell):
         for name, x in zip(GRADIENTS, inputs):
-            results[name] = _to_bshd(x.grad, layout, cell.batch)
+            results[name] = to_bshd(x.grad, layout, cell.batch)
     return results
 
 
