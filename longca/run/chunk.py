@@ -32,7 +32,7 @@ from typing import Any
 
 from longca.run.cell import planned_unsupported
 from longca.run.gpu_lease import gpu_count, gpu_names, held_lock_fds, lease_gpus
-from longca.run.lifeline import die_with_parent
+from longca.run.lifeline import SUPERVISOR_ENV, die_with_parent
 from longca.run.rows import LINE_MAX, cell_line, status_row, summarize
 from longca.run.time_left import TimeLeft
 from longca.spec.cells import Cell, expand
@@ -378,6 +378,7 @@ def run_cp_cells(
         if "MASTER_PORT" not in os.environ:  # a fresh port per launch: a killed group's may still be held
             env["MASTER_PORT"] = str(free_port())
         env.setdefault("NCCL_NVLS_ENABLE", "0")
+        env[SUPERVISOR_ENV] = str(os.getpid())  # ranks check it is alive (longca.run.lifeline)
         cmd = cp_launch_command(world, launcher) + [str(job_file), str(done_dir)]
         log_path = workdir / f"cp-{start}.log"
         _log(f"launching {len(cells) - start} CP cell(s) on {world} processes: {' '.join(cmd[:6])} ...")

@@ -23,9 +23,15 @@ class RunStopped(BaseException):
     result, so nothing is recorded for the cell in flight (longca.run.cell re-raises it)."""
 
 
-def die_with_parent(parent: int | None = None) -> bool:
+SUPERVISOR_ENV = "LONGCA_SUPERVISOR_PID"  # the chunk supervisor's pid, for processes two launches down
+
+
+def die_with_parent(parent: int | None = None, supervisor: int | None = None) -> bool:
     """Have the kernel SIGKILL this process when its parent exits; exit at once when `parent` (the
-    pid expected) is already gone. Whether the request was made (Linux only)."""
+    pid expected) is already gone, or `supervisor` (the run's supervisor, for a CP rank whose parent
+    is the launcher) is no longer alive: either may have ended before the request, and then no signal
+    will come (a rank imports torch for seconds before it asks). Whether the request was made (Linux
+    only)."""
     if not sys.platform.startswith("linux"):
         return False
     try:
@@ -35,5 +41,22 @@ def die_with_parent(parent: int | None = None) -> bool:
     except (OSError, AttributeError):
         return False
     if parent is not None and os.getppid() != parent:
-        os._exit(1)  # the parent exited before the request: no signal will come
+        os._exit(1)
+    if supervisor is not None and not _alive(supervisor):
+        os._exit(1)
     return True
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process with this pid exists (and is not a zombie awaiting its parent)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True

@@ -55,7 +55,7 @@ from longca.measure.reference import error_ratio, error_sums
 from longca.measure.timer import RETAINED_GRAPH, RankTimer, time_under, timer_for
 from longca.run.agreement import GRADIENTS, agreement_applies, compare, compares_gradients, single_device
 from longca.run.check import check_columns, check_length, check_verdict
-from longca.run.lifeline import die_with_parent
+from longca.run.lifeline import SUPERVISOR_ENV, die_with_parent
 from longca.run.rows import (
     base_row,
     cell_line,
@@ -480,7 +480,9 @@ def run_cell(cell: Cell, rank: int, world: int, device: torch.device) -> list[di
 def main(argv: list[str] | None = None) -> int:
     # Every thread's stack on SIGUSR1: the supervisor asks for them before killing a hung group.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
-    die_with_parent()  # a rank outliving its launcher would keep timing on the device
+    # a rank outliving its launcher would keep timing on the device; its supervisor may have gone
+    # while this process imported torch
+    die_with_parent(supervisor=int(os.environ.get(SUPERVISOR_ENV) or 0) or None)
     job_file, done_dir = (argv if argv is not None else sys.argv[1:])[:2]
     job = json.loads(Path(job_file).read_text())
     cells = [Cell.from_json(c) for c in job["cells"]]

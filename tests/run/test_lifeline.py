@@ -122,3 +122,16 @@ def test_a_process_whose_parent_is_already_gone_exits_at_once():
     code = "import os; from longca.run.lifeline import die_with_parent; print(die_with_parent(os.getppid()))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "True"  # its parent is alive: it goes on
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_process_whose_supervisor_is_already_gone_exits_at_once():
+    # a CP rank's parent is the launcher: it checks the run's supervisor too (here a pid that is gone)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    code = f"from longca.run.lifeline import die_with_parent; die_with_parent(supervisor={gone.pid}); print('lived')"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "lived" not in out.stdout
+    code = "import os; from longca.run.lifeline import die_with_parent; print(die_with_parent(supervisor=os.getppid()))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "True"
