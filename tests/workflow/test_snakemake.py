@@ -10,6 +10,7 @@ from pathlib import Path
 
 import duckdb
 import pyarrow.parquet as pq
+import pytest
 from wf import jobs_run, snakemake
 
 TINY = """
@@ -99,19 +100,48 @@ def test_damaged_result_is_named_and_rerun(workdir):
     assert pq.read_table(victim).num_rows >= 1
 
 
-def test_sigkill_mid_sweep_then_resume_exactly_once(workdir):
+def _run_processes(marker: str) -> list[str]:
+    """Live processes of a run whose command line names `marker` (its TMPDIR: job files live there)."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmd = Path("/proc", entry.name, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = Path("/proc", entry.name, "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and marker in cmd and "longca" in cmd:
+            found.append(cmd[:160])
+    return found
+
+
+@pytest.mark.parametrize("stop", ["SIGKILL group", "Ctrl-C"])
+def test_sigkill_mid_sweep_then_resume_exactly_once(workdir, stop):
     spec = write_spec(workdir, seqlens="[64, 128, 192]", chunk=4)
     cmd = [sys.executable, "-m", "snakemake", "--cores", "1", "--config", f"spec={spec}"]
+    tmp = workdir / "tmp"  # every process of the run names its job files there
+    tmp.mkdir()
     proc = subprocess.Popen(
-        cmd, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        cmd,
+        cwd=workdir,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env={**os.environ, "TMPDIR": str(tmp)},
     )
     deadline = time.time() + 300
     while time.time() < deadline and len(cell_files(workdir)) < 8:
         time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)  # snakemake and every job it started
-    proc.wait()
+    # SIGKILL: snakemake and every job it started; Ctrl-C: SIGINT to the terminal's process group
+    os.killpg(proc.pid, signal.SIGKILL if stop == "SIGKILL group" else signal.SIGINT)
+    proc.wait(timeout=120)
     done_before = len(cell_files(workdir))
     assert 8 <= done_before < 54, done_before
+    end = time.time() + 15
+    while _run_processes(str(tmp)) and time.time() < end:
+        time.sleep(0.2)
+    assert not _run_processes(str(tmp)), _run_processes(str(tmp))  # no worker outlives the run
     # No half-written files: every file present is sound.
     from longca.store.read import damage
 
@@ -127,3 +157,6 @@ def test_sigkill_mid_sweep_then_resume_exactly_once(workdir):
     assert (
         duckdb.sql(f"SELECT count(DISTINCT cell_id) FROM '{workdir}/results/tiny/all.parquet'").fetchall()[0][0] == 54
     )
+    # the interruption is no cell's result: the statuses of a clean run (sdpa_flash takes no document mask)
+    statuses = duckdb.sql(f"SELECT DISTINCT status FROM '{workdir}/results/tiny/all.parquet'").fetchall()
+    assert sorted(s for (s,) in statuses) == ["ok", "unsupported"]
