@@ -21,9 +21,8 @@ localrules:
 
 rule all:
     input:
-        # the markers of the jobs with cells to write (common.smk removes a stale one, so a deleted
-        # cell's job runs again), not every cell path: Snakemake prints this list
-        JOB_MARKERS,
+        # the report needs the aggregate, which needs the markers of the jobs with cells to write
+        # (common.smk removes a stale one, so a deleted cell's job runs again)
         AGGREGATE,
         REPORT_INDEX,
     default_target: True

@@ -127,7 +127,8 @@ def plan_jobs(
                     kind=kind,
                     cells=pending,
                     outputs=outputs,
-                    marker=str(Path(results_dir) / spec.name / "jobs" / f"{name}.done"),
+                    # short: the aggregate lists every job's marker as its input, on one line
+                    marker=str(Path(results_dir) / spec.name / "jobs" / f"{digest}.done"),
                     gpus=(world if kind == "cp" else 1) if on_gpu else 0,
                     tasks=world if kind == "cp" else 1,
                     threads=world if kind == "cp" else 1,

@@ -1,13 +1,16 @@
 # One rule per pending chunk of cells: each job runs its cells in one process but every cell
 # has its own output file, so a finished cell is never rerun and a missing one runs alone.
-# Planning happens at DAG construction (common.smk): only missing or damaged cells get a job.
+# Planning happens at DAG construction (common.smk): only missing or damaged cells get a job, and a
+# job's marker is removed while it has cells to write, so Snakemake runs it. The marker is the job's
+# declared output: declaring every cell file made Snakemake print them all for every job (tens of
+# kilobytes a job); the job's cells are listed beside the marker and `longca run` fails a job whose
+# cell files are not all written.
 for _job in JOBS:
 
     rule:
         name:
             _job.name
         output:
-            _job.outputs,
             marker=_job.marker,
         log:
             f"{RESULTS}/{SPEC.name}/logs/{_job.name}.log",
