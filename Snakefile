@@ -21,9 +21,10 @@ localrules:
 
 rule all:
     input:
-        # the report needs the aggregate, which needs the markers of the jobs with cells to write
-        # (common.smk removes a stale one, so a deleted cell's job runs again)
-        AGGREGATE,
+        # the markers of the jobs with cells to write (common.smk removes a stale one, so a deleted
+        # cell's job runs again: the aggregate alone would not ask for a missing marker), and the
+        # report, which needs the aggregate
+        JOB_MARKERS,
         REPORT_INDEX,
     default_target: True
 

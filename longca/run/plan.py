@@ -128,7 +128,7 @@ def plan_jobs(
                     cells=pending,
                     outputs=outputs,
                     # short: the aggregate lists every job's marker as its input, on one line
-                    marker=str(Path(results_dir) / spec.name / "jobs" / f"{digest}.done"),
+                    marker=str(Path(results_dir) / spec.name / "jobs" / digest),
                     gpus=(world if kind == "cp" else 1) if on_gpu else 0,
                     tasks=world if kind == "cp" else 1,
                     threads=world if kind == "cp" else 1,
