@@ -164,3 +164,17 @@ def test_the_stopping_rule_on_a_hand_worked_sequence():
     # the same calls capped at 20: 6, 12, then a batch of 8 (what the cap leaves) and the stop
     t = _Scripted([1.0, 1.2] * 100).time(lambda: None, warmup=0, iters=20, budget_s=100.0, ci_target=0.05)
     assert t.timed_iters == 20 and t.ci_met is False
+
+
+def test_another_level_gives_its_own_hand_computed_interval():
+    # at 50%: n = 6, P(B <= 1) = 7/64 = 0.109 <= 0.25, P(B <= 2) = 22/64 = 0.344 > 0.25 -> j = 2: (x2, x5);
+    # the fewest samples reaching 50% are 2: (x1, x2) covers 1 - 2/4 = 50% (one sample covers nothing)
+    ci = median_ci([6.0, 1.0, 5.0, 2.0, 4.0, 3.0], level=0.5)
+    assert (ci.low, ci.high, ci.covered) == (2.0, 5.0, True)
+    assert min_samples(0.5) == 2 and min_samples() == 6
+
+
+def test_the_half_width_about_a_zero_median_is_infinite():
+    from longca.measure.stats import MedianCI
+
+    assert MedianCI(low=0.0, high=0.0, covered=True).half_width(0.0) == math.inf
