@@ -19,15 +19,19 @@ import torch
 NAMES = ("out", "dq", "dk", "dv")
 
 
+def host_memory() -> int:
+    """Bytes of the host's physical memory (8 GiB where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
 def default_budget_bytes(share: float = 0.25, cap: int = 32 << 30) -> int:
     """`share` of the host's memory, at most `cap` (by default a quarter, at most 32 GiB: the H200
     host's 128 GiB holds two sweeps' working sets, 24 (mask, heads) entries of 0.6-1 GiB at the 8K
     check length)."""
-    try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        total = 8 << 30
-    return int(min(cap, total * share))
+    return int(min(cap, host_memory() * share))
 
 
 class ReferenceCache:

@@ -13,9 +13,9 @@ such a cell times is the gradients: an index that overflows only in a long backw
 elements at 512K tokens x 64 heads x 128) is seen by no forward. A difference above the dtype's
 tolerance (the output's, or the gradients' `grad_factor` times looser) makes the row `incorrect`. A
 comparator that refuses or fails at run time is passed over for the next; the reason is kept when
-none serves. The single-device runner compares a backward cell after timing, on what the timed
-calls left (the last gradients and their forward's output), so the comparison costs only the
-comparator's calls; a forward cell runs one more forward of its own before it is timed.
+none serves. The single-device runner compares before timing, on the cell's own call at full
+length (a backward cell's forward and backward, on the forward its retained timed backward calls
+then reuse), and that call is the cell's warm-up (longca.run.cell).
 
 Within one process, a comparator's full-length results on a draw are computed once and kept on the
 host (`results_key`, a `ReferenceCache`) for every later cell of the same problem and draw: the

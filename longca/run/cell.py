@@ -7,7 +7,6 @@ crashes are recorded by the supervising process (longca.run.chunk), which owns t
 from __future__ import annotations
 
 import json
-import os
 import time
 import traceback
 from collections.abc import Callable
@@ -39,7 +38,7 @@ from longca.measure.cooldown import cool_down
 from longca.measure.env import gpu_clock_state
 from longca.measure.graphs import capture
 from longca.measure.reference import dense_mask_tensor, reference_attention, relative_error
-from longca.measure.reference_cache import ReferenceCache, default_budget_bytes
+from longca.measure.reference_cache import ReferenceCache, default_budget_bytes, host_memory
 from longca.measure.timer import RETAINED_GRAPH, time_under, timer_for
 from longca.run.agreement import GRADIENTS, agreement_applies, compare, compares_gradients
 from longca.run.check import check_columns, check_verdict, tolerance
@@ -122,7 +121,7 @@ def device_memory(device: torch.device) -> int:
     """Bytes of memory the device has in all: the GPU's, or the host's for a CPU."""
     if device.type == "cuda":
         return int(torch.cuda.get_device_properties(device).total_memory)
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return host_memory()
 
 
 def beyond_memory(cell: Cell, device: torch.device) -> str | None:

@@ -33,7 +33,7 @@ from typing import Any
 from longca.run.cell import planned_unsupported
 from longca.run.gpu_lease import gpu_count, gpu_names, held_lock_fds, lease_gpus
 from longca.run.lifeline import SUPERVISOR_ENV, die_with_parent
-from longca.run.rows import LINE_MAX, cell_line, status_row, summarize
+from longca.run.rows import cell_line, clip_line, place, status_row, summarize
 from longca.run.time_left import TimeLeft
 from longca.spec.cells import Cell, expand
 from longca.spec.load import Spec, SpecError
@@ -67,7 +67,7 @@ def _log(msg: str) -> None:
 
 def _line(cell: Cell, outcome: str, progress: tuple[int, int], index: int) -> None:
     """The terminal's line for the cell at `index` of a group whose chunk `progress` describes."""
-    print(cell_line(cell, outcome, (progress[0] + index + 1, progress[1]) if progress[1] else None), file=sys.stderr)
+    print(cell_line(cell, outcome, place(progress[0], index, progress[1])), file=sys.stderr)
 
 
 def _stream(path: Path) -> None:
@@ -502,7 +502,7 @@ def run_chunk(
         groups[key] = groups.get(key, 0) + 1
     for (kernel, mask, why), n in groups.items():
         line = f"[longca] {n} cell(s) of {kernel} {mask} unsupported (by its capabilities): {' '.join(why.split())}"
-        print(line if len(line) <= LINE_MAX else line[: LINE_MAX - 3] + "...", file=sys.stderr, flush=True)
+        print(clip_line(line), file=sys.stderr, flush=True)
     runnable = [(c, o) for c, o in wanted if c.digest not in {p[0].digest for p in planned}]
     device = [(c, o) for c, o in runnable if c.cp_mechanism is None]
     cp = [(c, o) for c, o in runnable if c.cp_mechanism is not None]

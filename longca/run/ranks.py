@@ -62,6 +62,7 @@ from longca.run.rows import (
     classify,
     gate_peak,
     mask_columns,
+    place,
     softmax_flops,
     status_row,
     summarize,
@@ -505,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
             if rank == 0:
                 write_rows(output, rows)
                 Path(done_dir, f"{cell.digest}.done").touch()
-                print(cell_line(cell, summarize(rows), (before + j + 1, total) if total else None), flush=True)
+                print(cell_line(cell, summarize(rows), place(before, j, total)), flush=True)
     finally:
         dist.destroy_process_group()
     return 0

@@ -210,5 +210,15 @@ def cell_line(cell: Cell, outcome: str, progress: tuple[int, int] | None = None)
     if cell.cp_mechanism is not None:
         what += f" {cell.cp_mechanism} x{cell.world_size}"
     where = f"{progress[0]}/{progress[1]} " if progress else ""
-    line = f"[longca] {where}{what}: {' '.join(outcome.split())}"
+    return clip_line(f"[longca] {where}{what}: {' '.join(outcome.split())}")
+
+
+def clip_line(line: str) -> str:
+    """A terminal line cut to LINE_MAX characters, marked where it was cut."""
     return line if len(line) <= LINE_MAX else line[: LINE_MAX - 3] + "..."
+
+
+def place(before: int, index: int, total: int) -> tuple[int, int] | None:
+    """A cell's place in its job for its terminal line: the `index`-th (from 0) of a group that
+    follows `before` cells of a job of `total` (None where the total is not known)."""
+    return (before + index + 1, total) if total else None

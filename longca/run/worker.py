@@ -48,7 +48,7 @@ def main(argv: list[str]) -> int:
     from longca.kernels.registry import load_all
     from longca.measure.graphs import held_by_failed_captures
     from longca.run.cell import CellCaches, run_cell
-    from longca.run.rows import cell_line, summarize
+    from longca.run.rows import cell_line, place, summarize
     from longca.run.time_left import LeftForLater, TimeLeft
     from longca.spec.cells import Cell
     from longca.store.draws import all_kept, clear_draws
@@ -66,11 +66,7 @@ def main(argv: list[str]) -> int:
     caches = CellCaches()  # the chunk's cells share checks, references and masks
     time_left = TimeLeft.from_json(job["time_left"]) if job.get("time_left") else None
     t0 = time.perf_counter()
-    before, total = job.get("progress") or (0, 0)
-
-    def where(i: int) -> tuple[int, int] | None:  # the cell's place in its chunk, for the terminal
-        return (before + i + 1, total) if total else None
-
+    before, total = job.get("progress") or (0, 0)  # the cells' place in their chunk, for the terminal
     for i, (cell_json, path) in enumerate(zip(job["cells"], job["outputs"])):
         if i < job.get("start", 0):
             continue
@@ -94,7 +90,9 @@ def main(argv: list[str]) -> int:
                 on_checked=lambda drawn=drawn: drawn.__setitem__(-1, time.time()),
             )
         except LeftForLater as later:
-            print(cell_line(cell, str(later), where(i)), file=sys.stderr, flush=True)  # "left for a later run: ..."
+            print(
+                cell_line(cell, str(later), place(before, i, total)), file=sys.stderr, flush=True
+            )  # "left for a later run: ..."
             status.write(f"SKIP {i}\n")
             if _held_memory(held_by_failed_captures()):
                 return EXIT_RESTART
@@ -104,7 +102,7 @@ def main(argv: list[str]) -> int:
         write_rows(path, rows)
         clear_draws(path)
         kernel_s += sum(r.get("_kernel_s", 0.0) for r in rows)
-        print(cell_line(cell, summarize(rows), where(i)), file=sys.stderr, flush=True)
+        print(cell_line(cell, summarize(rows), place(before, i, total)), file=sys.stderr, flush=True)
         status.write(f"DONE {i} {kernel_s:.6f} {time.perf_counter() - t0:.6f}\n")
         if any(r.get("_fatal") for r in rows) or _held_memory(held_by_failed_captures()):
             return EXIT_RESTART
