@@ -97,3 +97,26 @@ def default_local_run(tmp_path_factory):
         [sys.executable, "-m", "snakemake", "--cores", "2"], cwd=work, capture_output=True, text=True, timeout=1200
     )
     return work, proc
+
+
+def _live_processes(marker: str, name: str = "longca") -> dict[int, str]:
+    """Live processes (not zombies) whose command line names both `marker` (a run's own folder: its
+    job files live there) and `name`, by pid, with their command lines (cut to 200 characters)."""
+    found = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmd = Path("/proc", entry.name, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = Path("/proc", entry.name, "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and marker in cmd and name in cmd:
+            found[int(entry.name)] = cmd[:200]
+    return found
+
+
+@pytest.fixture
+def live_processes():
+    """`_live_processes(marker, name="longca")`: what of a run is still alive (Linux's /proc)."""
+    return _live_processes

@@ -52,22 +52,6 @@ def _outcome(results: Path) -> Counter:
     return Counter(per_cell.iter_rows())
 
 
-def _left(marker: str) -> list[str]:
-    """Command lines of live processes that name `marker` (the run's temporary folder)."""
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmd = Path("/proc", entry.name, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = Path("/proc", entry.name, "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z" and marker in cmd:
-            found.append(cmd[:200])
-    return found
-
-
 def _stop(proc: subprocess.Popen, how: str) -> None:
     if how == "SIGKILL group":
         os.killpg(proc.pid, signal.SIGKILL)
@@ -76,7 +60,10 @@ def _stop(proc: subprocess.Popen, how: str) -> None:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the run's processes are found in /proc")
-def test_runs_stopped_at_random_moments_resume_to_the_clean_runs_rows(tmp_path):
+def test_runs_stopped_at_random_moments_resume_to_the_clean_runs_rows(tmp_path, live_processes):
+    def _left(marker: str) -> list[str]:
+        return list(live_processes(marker).values())
+
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC)
     work = tmp_path / "tmp"  # every process of a run names its job files, under TMPDIR

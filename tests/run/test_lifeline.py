@@ -6,7 +6,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -29,24 +28,11 @@ sweeps: [{name: s}]
 """
 
 
-def _workers(job_dir_marker: str) -> list[int]:
-    """Pids of live longca workers whose command line names `job_dir_marker`."""
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmd = Path("/proc", entry.name, "cmdline").read_bytes().split(b"\0")
-            state = Path("/proc", entry.name, "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z" and b"longca.run.worker" in cmd and any(job_dir_marker.encode() in c for c in cmd):
-            found.append(int(entry.name))
-    return found
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
-def test_a_worker_dies_with_its_killed_supervisor_and_writes_nothing(tmp_path, plugin_env):
+def test_a_worker_dies_with_its_killed_supervisor_and_writes_nothing(tmp_path, plugin_env, live_processes):
+    def _workers(marker: str) -> list[int]:
+        return list(live_processes(marker, "longca.run.worker"))
+
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC)
     results = tmp_path / "results"

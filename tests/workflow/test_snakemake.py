@@ -100,24 +100,11 @@ def test_damaged_result_is_named_and_rerun(workdir):
     assert pq.read_table(victim).num_rows >= 1
 
 
-def _run_processes(marker: str) -> list[str]:
-    """Live processes of a run whose command line names `marker` (its TMPDIR: job files live there)."""
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmd = Path("/proc", entry.name, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = Path("/proc", entry.name, "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z" and marker in cmd and "longca" in cmd:
-            found.append(cmd[:160])
-    return found
-
-
 @pytest.mark.parametrize("stop", ["SIGKILL group", "Ctrl-C"])
-def test_sigkill_mid_sweep_then_resume_exactly_once(workdir, stop):
+def test_sigkill_mid_sweep_then_resume_exactly_once(workdir, stop, live_processes):
+    def _run_processes(marker: str) -> list[str]:
+        return list(live_processes(marker).values())
+
     spec = write_spec(workdir, seqlens="[64, 128, 192]", chunk=4)
     cmd = [sys.executable, "-m", "snakemake", "--cores", "1", "--config", f"spec={spec}"]
     tmp = workdir / "tmp"  # every process of the run names its job files there
