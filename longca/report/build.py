@@ -895,22 +895,10 @@ def _write_data(table, out: Path, probe_table=None) -> None:
         write_table(d / "probes.parquet", probe_table, level=PUBLISHED_ZSTD_LEVEL)
 
 
-def _current_ids(spec_path: Path) -> tuple[str, set[str]] | None:
-    """(spec name, ids of its cells as the spec now defines them), or None when the file does not
-    load as a spec (`_stale_cells` warns of it)."""
-    from longca.spec.cells import expand
-    from longca.spec.load import SpecError, load_spec
-
-    try:
-        spec = load_spec(spec_path)
-    except SpecError:
-        return None
-    return spec.name, {c.id for c in expand(spec)}
-
-
-def _stale_cells(rows: pl.DataFrame, spec_path: Path) -> pl.DataFrame | None:
-    """Per sweep, the drawn cells the spec file no longer has (an earlier version of it measured
-    them), or None when the file does not load as a spec (it is still shown as given)."""
+def _spec_cells(spec_path: Path) -> tuple[str, list] | None:
+    """The spec file's name and cells as it now defines them, loaded once for the report (the stale
+    cells of the Status page, the current ones the Choose page answers from), or None when the file
+    does not load as a spec (it is still shown as given)."""
     from longca.spec.cells import expand
     from longca.spec.load import SpecError, load_spec
 
@@ -922,8 +910,15 @@ def _stale_cells(rows: pl.DataFrame, spec_path: Path) -> pl.DataFrame | None:
             file=sys.stderr,
         )
         return None
-    stale = queries.outside_spec(rows, spec.name, {c.digest for c in expand(spec)})
-    return stale.with_columns(spec=pl.lit(spec.name), spec_file=pl.lit(shown_path(spec_path)))
+    return spec.name, expand(spec)
+
+
+def _stale_cells(rows: pl.DataFrame, spec_path: Path, spec_cells: tuple[str, list]) -> pl.DataFrame:
+    """Per sweep, the drawn cells the spec file no longer has (an earlier version of it measured
+    them); `spec_cells`: `_spec_cells` of the file."""
+    name, cells = spec_cells
+    stale = queries.outside_spec(rows, name, {c.digest for c in cells})
+    return stale.with_columns(spec=pl.lit(name), spec_file=pl.lit(shown_path(spec_path)))
 
 
 def build_report(
@@ -990,8 +985,9 @@ def build_report(
     ceiling = ceilings.load(ceiling_paths, {p: shown_path(p) for p in ceiling_paths}) if ceiling_paths else None
     spec_names = rows.get_column("spec").drop_nulls().unique().sort().to_list()
     spec_name = spec_path.stem if spec_path else (", ".join(spec_names) or "results")
-    stale = _stale_cells(rows, spec_path) if spec_path is not None else None
-    current = _current_ids(spec_path) if spec_path is not None else None
+    spec_cells = _spec_cells(spec_path) if spec_path is not None else None
+    stale = _stale_cells(rows, spec_path, spec_cells) if spec_cells is not None else None
+    current = (spec_cells[0], {c.id for c in spec_cells[1]}) if spec_cells is not None else None
     site_title = title or f"longca: {spec_name}"
     c = queries.cells(rows)
     peer = peers.load(peers_path)

@@ -511,7 +511,7 @@ def run_chunk(
     for k, (cell, out) in enumerate(too_wide, start=len(planned)):
         rows = [status_row(cell, "unsupported", f"needs {cell.world_size} GPUs (world_size); {gpus} visible")]
         write_rows(out, rows)
-        print(cell_line(cell, summarize(rows), (k + 1, total)), file=sys.stderr, flush=True)
+        print(cell_line(cell, summarize(rows), place(0, k, total)), file=sys.stderr, flush=True)
     cp = [pair for pair in cp if pair not in too_wide]
     # Never two chunks on one GPU (Snakemake's local executor starts many at once): see gpu_lease.
     needed = max([1 if device else 0] + [c.world_size for c, _ in cp]) if spec.device == "cuda" else 0
