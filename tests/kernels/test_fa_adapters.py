@@ -27,7 +27,7 @@ from longca.measure.reference import dense_mask_tensor, reference_attention, rel
 S, D = 192, 8
 SMALL_PARAMS = {"window": 24, "global_tokens": 8, "prefix": 70, "block": 32}
 FLASH = ("fa2", "fa3", "fa4")
-PACKAGES = {"fa2": "flash_attn", "fa3": "flash_attn_interface", "fa4": "flash_attn.cute"}
+PACKAGES = {"fa2": "flash_attn.flash_attn_interface", "fa3": "flash_attn_interface", "fa4": "flash_attn.cute"}
 
 
 def small_params(name: str) -> dict:
@@ -227,9 +227,7 @@ def test_kernel_matches_reference_on_gpu(kernel_name, name):
     from longca.masks.forms import forms_of
 
     s, hd, b = 512, 64, 2
-    mask = build_mask(
-        name, s, {"window": 60, "prefix": 100} if name in ("sliding_window", "prefix_lm_causal") else {}, seed=1
-    )
+    mask = build_mask(name, s, {"sliding_window": {"window": 60}, "prefix_lm_causal": {"prefix": 100}}.get(name), seed=1)
     try:
         form = choose_form(kernel.caps, forms_of(name))
     except Unsupported:

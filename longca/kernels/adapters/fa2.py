@@ -26,7 +26,8 @@ class FlashAttention2(FlashAdapter):
         gqa=True,
         backward=True,
         min_compute_capability=(8, 0),
-        package="flash_attn",
+        # FA2's own module: FlashAttention-4 installs the `flash_attn` namespace too (flash_attn.cute)
+        package="flash_attn.flash_attn_interface",
     )
 
     def functions(self):
