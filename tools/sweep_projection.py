@@ -115,7 +115,7 @@ def project_spec(
     `rows_spec`: the rows of another spec stand in (cells match by id without the digest: a new
     spec projected from an earlier one's rows on the same kernels, masks and shapes)."""
     what_if = what_if or {}
-    from longca.run.cell import planned_unsupported
+    from longca.run.serving import planned_unsupported
     from longca.spec.cells import expand
     from longca.spec.load import load_spec
 

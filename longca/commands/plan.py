@@ -42,8 +42,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from longca.run.cell import planned_unsupported
     from longca.run.plan import plan_jobs
+    from longca.run.serving import planned_unsupported
     from longca.spec.load import load_spec
     from longca.spec.select import check_selection, selector
     from longca.store.draws import kept_draws
@@ -159,8 +159,8 @@ def _refused_but_allowed(cells: list, kind_of: dict[str, str], refused: set[str]
     mask form, a dtype) keeps its old refusals until asked to retry them."""
     from pathlib import Path
 
-    from longca.run.cell import planned_unsupported
     from longca.run.plan import recorded_status
+    from longca.run.serving import planned_unsupported
 
     out: dict[str, int] = {}
     for c in cells:

@@ -14,6 +14,8 @@ from typing import NamedTuple
 
 import torch
 
+from longca.kernels.dynamo_limits import raise_recompile_limits
+
 
 # ------------------------------------------------------------------------------ deferred combination
 class Part(NamedTuple):
@@ -57,8 +59,6 @@ def _segment(out, lse, outs, lses, fused: bool | None = None) -> None:
     if (fused if fused is not None else out.is_cuda) and _fused_segment is not False:
         try:
             if _fused_segment is None:
-                from longca.kernels.adapters.flex import raise_recompile_limits
-
                 raise_recompile_limits()
                 _fused_segment = torch.compile(_segment_into, dynamic=True)
             _fused_segment(out, lse, outs, lses)

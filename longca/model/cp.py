@@ -278,8 +278,8 @@ def model_row(cell, cluster: Cluster, rates: Rates, draws: int = 1, commit: str 
     since one draw's documents can change the attended area per token many times over.
     `commit`: the code's commit as read once when the command started (default: read now)."""
     from longca.measure.env import git_commit
-    from longca.run.cell import planned_unsupported
     from longca.run.rows import cell_columns
+    from longca.run.serving import planned_unsupported
 
     row = {
         "source": "model",

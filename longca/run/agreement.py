@@ -51,6 +51,7 @@ from longca.masks.mask import Mask
 from longca.measure.reference import error_ratio, error_sums
 from longca.measure.reference_cache import ReferenceCache
 from longca.run.check import check_length, tolerance
+from longca.run.serving import planned_unsupported, prepare_for, runtime_unsupported
 from longca.spec.cells import Cell
 from longca.vocab import Pass
 
@@ -89,8 +90,6 @@ def single_device(cell: Cell) -> Cell:
 def candidates(cell: Cell, device: torch.device, exclude_self: bool = True) -> tuple[list[Cell], list[str]]:
     """The comparator cells that may serve `cell`, in the spec's order, and why the others cannot.
     `exclude_self=False` for a CP cell: its own kernel on one device checks the mechanism."""
-    from longca.run.cell import planned_unsupported, runtime_unsupported
-
     computes = registry.get(cell.kernel).caps.computes
     usable, why = [], []
     for name in cell.check_dict.get("agree_with", []):
@@ -220,8 +219,6 @@ def _differences(
     `dout_bshd`), run over the fewest head groups that fit in memory (`head_groups`). With
     `theirs_out`, the comparator's results are also left there as host copies, one per head group
     in order (concatenated along the heads, they are its whole results)."""
-    from longca.run.cell import prepare_for
-
     kernel = registry.get(other.kernel)
     dtype = DTYPES[other.dtype]
     tries = head_groups(other, mask)

@@ -21,29 +21,24 @@ from longca.kernels import registry
 from longca.kernels.base import (
     DTYPES,
     backward_refusal,
-    choose_form,
-    dtype_refusal,
     grad_changes_form,
-    package_available,
     prepares_per_pass,
-    rank_unsupported_reason,
-    static_unsupported_reason,
 )
 from longca.kernels.layout import from_bshd, to_bshd
-from longca.masks.forms import forms_of
 from longca.masks.mask import Mask
-from longca.masks.registry import PATTERNS, build_mask, resolve_params
+from longca.masks.registry import PATTERNS, build_mask
 from longca.measure.clocks import ClockSampler, no_sampler
 from longca.measure.cooldown import cool_down
 from longca.measure.env import gpu_clock_state
 from longca.measure.graphs import capture
 from longca.measure.reference import dense_mask_tensor, reference_attention, relative_error
-from longca.measure.reference_cache import ReferenceCache, default_budget_bytes, host_memory
+from longca.measure.reference_cache import ReferenceCache, default_budget_bytes
 from longca.measure.timer import RETAINED_GRAPH, time_under, timer_for
 from longca.run.agreement import GRADIENTS, agreement_applies, compare, compares_gradients
 from longca.run.check import check_columns, check_verdict, tolerance
 from longca.run.lifeline import RunStopped
 from longca.run.rows import base_row, classify, gate_peak, mask_columns, softmax_flops, status_row, timing_columns
+from longca.run.serving import beyond_memory, planned_unsupported, prepare_for, runtime_unsupported
 from longca.run.time_left import LeftForLater
 from longca.spec.cells import Cell
 from longca.store.draws import load_draw, save_draw
@@ -70,72 +65,6 @@ class CellCaches:
     # full-length results of comparators and listed kernels per draw (longca.run.agreement): at 512K
     # an entry with gradients is about 19 GB, and a problem's cells need two of them
     agreements: ReferenceCache = field(default_factory=lambda: ReferenceCache(default_budget_bytes(0.4, 64 << 30)))
-
-
-def planned_unsupported(cell: Cell) -> str | None:
-    """Reason a cell cannot run, known from declared capabilities alone (no device touched). A CP
-    cell asks the kernel's per-rank capabilities (whether it can be a per-rank kernel at all is a
-    validation error, longca.spec.validate)."""
-    kernel = registry.get(cell.kernel)
-    if cell.cp_mechanism is not None:
-        return rank_unsupported_reason(
-            kernel.caps, device=cell.device, dtype=cell.dtype, block_sparse=PATTERNS[cell.mask].family == "dynamic"
-        )
-    block = resolve_params(cell.mask, dict(cell.mask_params)).get("block") if cell.mask == "block_sparse" else None
-    return static_unsupported_reason(
-        kernel.caps,
-        mask_name=cell.mask,
-        mask_forms=forms_of(cell.mask),
-        dtype=cell.dtype,
-        head_dim=cell.head_dim,
-        heads_q=cell.heads_q,
-        heads_kv=cell.heads_kv,
-        pass_=cell.pass_,
-        device=cell.device,
-        block_size=block,
-    )
-
-
-def runtime_unsupported(cell: Cell, device: torch.device) -> str | None:
-    kernel = registry.get(cell.kernel)
-    caps = kernel.caps
-    if not package_available(caps.package):
-        return f"{caps.package} not installed"
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            return "CUDA is not available on this machine"
-        cc = torch.cuda.get_device_capability(device)
-        if caps.min_compute_capability and cc < caps.min_compute_capability:
-            return f"needs compute capability >= {caps.min_compute_capability}, device has {cc}"
-        if caps.max_compute_capability and cc > caps.max_compute_capability:
-            return f"needs compute capability <= {caps.max_compute_capability}, device has {cc}"
-        refusal = dtype_refusal(cell.dtype, cc)
-        if refusal:
-            return refusal
-    if cell.pass_ != Pass.FWD:
-        return backward_refusal(kernel, device)
-    return None
-
-
-def device_memory(device: torch.device) -> int:
-    """Bytes of memory the device has in all: the GPU's, or the host's for a CPU."""
-    if device.type == "cuda":
-        return int(torch.cuda.get_device_properties(device).total_memory)
-    return host_memory()
-
-
-def beyond_memory(cell: Cell, device: torch.device) -> str | None:
-    """Why a cell cannot fit its device at all, before anything is allocated, or None: its q, k, v
-    and output (with a backward, their gradients and the upstream gradient too) alone exceed the
-    device's memory. A 1 TiB request then reads as the `oom` it is, not as an allocator's error."""
-    itemsize = DTYPES[cell.dtype].itemsize
-    per_token = (2 * cell.heads_q + 2 * cell.heads_kv) * cell.head_dim * itemsize
-    need = cell.batch * cell.seqlen * per_token * (1 if cell.pass_ == Pass.FWD else 2)
-    have = device_memory(device)
-    if need <= have:
-        return None
-    what = "q, k, v and the output" + ("" if cell.pass_ == Pass.FWD else ", with their gradients")
-    return f"out of memory: {what} alone need {need / 2**30:.1f} GiB; this device has {have / 2**30:.1f} GiB"
 
 
 def _make_inputs(
@@ -213,28 +142,6 @@ def _build(
 # reference takes the rounded inputs, so the check judges the kernel; bf16 and fp16 keep the float32
 # draws (their rounding is ~0.3%), as since the first sweep.
 ROUNDED_REFERENCE_DTYPES = frozenset({"float8_e4m3fn"})
-
-
-def prepare_for(
-    cell: Cell, kernel: Any, mask: Mask, dtype: torch.dtype, device: torch.device, grad: bool | None
-) -> tuple[Any, str]:
-    """`kernel` ready for `mask` at the cell's shape, in the most specific form both take, and that
-    form. `grad` tells a kernel whose form depends on it (`grad_changes_form`: Flex at block 64 on
-    sm90, cuDNN's plan with its backward payload) whether gradients follow; None tells it nothing."""
-    form = choose_form(kernel.caps, forms_of(cell.mask))
-    told = {"grad": grad} if grad is not None and prepares_per_pass(kernel) else {}
-    prepared = kernel.prepare(
-        mask,
-        batch=cell.batch,
-        heads_q=cell.heads_q,
-        heads_kv=cell.heads_kv,
-        head_dim=cell.head_dim,
-        dtype=dtype,
-        device=device,
-        form=form,
-        **told,
-    )
-    return prepared, form
 
 
 def checks_gradients(kernel: Any, cell: Cell, device: torch.device) -> bool:

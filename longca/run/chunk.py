@@ -30,13 +30,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from longca.run.cell import planned_unsupported
 from longca.run.gpu_lease import gpu_count, gpu_names, held_lock_fds, lease_gpus
 from longca.run.lifeline import SUPERVISOR_ENV, die_with_parent
 from longca.run.rows import cell_line, clip_line, place, status_row, summarize
+from longca.run.serving import planned_unsupported
 from longca.run.time_left import TimeLeft
 from longca.spec.cells import Cell, expand
-from longca.spec.load import Spec, SpecError
+from longca.spec.model import Spec, SpecError
 from longca.store.write import write_rows
 
 GRACE_S = 30.0  # start-up and compilation allowance on top of a cell's own limit

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from longca.run.cell import planned_unsupported
+from longca.run.serving import planned_unsupported
 from longca.spec.cells import Cell, expand
-from longca.spec.load import Spec
+from longca.spec.model import Spec
 from longca.store.read import damage
 
 

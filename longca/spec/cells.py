@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from longca.masks.registry import PATTERNS
-from longca.spec.load import LATE_TOLERANCES, MaskChoice, Spec, Sweep
+from longca.spec.model import LATE_TOLERANCES, MaskChoice, Spec, Sweep
 from longca.vocab import Balance, Mechanism, Pass, axis_name, normalise
 
 # The hive path's keys, in order: row columns that hold the same values (longca.run.rows), so a

@@ -13,7 +13,7 @@ from longca.kernels import registry
 from longca.kernels.base import Unsupported
 from longca.masks.registry import PATTERNS, resolve_params
 from longca.spec.cells import cp_layouts, excluded, resolve_balance
-from longca.spec.load import Spec, SpecError, parse_seqlen
+from longca.spec.model import Spec, SpecError, parse_seqlen
 from longca.vocab import CP_DTYPES, Balance, normalise
 
 

@@ -9,7 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from longca.cli import main
-from longca.run.cell import planned_unsupported, status_row
+from longca.run.cell import status_row
+from longca.run.serving import planned_unsupported
 from longca.spec.cells import expand
 from longca.spec.load import load_spec
 from longca.store.write import write_rows

@@ -227,7 +227,9 @@ def test_kernel_matches_reference_on_gpu(kernel_name, name):
     from longca.masks.forms import forms_of
 
     s, hd, b = 512, 64, 2
-    mask = build_mask(name, s, {"sliding_window": {"window": 60}, "prefix_lm_causal": {"prefix": 100}}.get(name), seed=1)
+    mask = build_mask(
+        name, s, {"sliding_window": {"window": 60}, "prefix_lm_causal": {"prefix": 100}}.get(name), seed=1
+    )
     try:
         form = choose_form(kernel.caps, forms_of(name))
     except Unsupported:

@@ -15,7 +15,7 @@ import torch
 from longca.kernels import registry
 from longca.masks.registry import build_mask
 from longca.measure.reference import dense_mask_tensor, reference_attention, relative_error
-from longca.run.cell import planned_unsupported, runtime_unsupported
+from longca.run.serving import planned_unsupported, runtime_unsupported
 from longca.spec.cells import expand
 from longca.spec.load import load_spec
 

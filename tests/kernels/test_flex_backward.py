@@ -12,8 +12,9 @@ import torch
 
 from longca.cp.reference import reference_attention
 from longca.kernels import flex_backward as fb
+from longca.kernels.adapters.flex import RankFlex as Flex
+from longca.kernels.adapters.naive import RankNaive as Naive
 from longca.kernels.lse import combine
-from longca.kernels.rank import Flex, Naive
 from longca.masks import slices as sl
 from longca.masks.blocks import BlockLayout
 from longca.masks.flex import to_block_mask

@@ -2,9 +2,12 @@ import pytest
 import torch
 
 from longca.cp.reference import reference_attention
+from longca.kernels.adapters.flex import RankFlex as Flex
+from longca.kernels.adapters.naive import RankNaive as Naive
+from longca.kernels.adapters.sdpa import rectangles
 from longca.kernels.base import Unsupported, rank_unsupported_reason
 from longca.kernels.lse import Part
-from longca.kernels.rank import Flex, Naive, RankKernel, bwd_by_autograd, rectangles
+from longca.kernels.rank import RankKernel, bwd_by_autograd
 from longca.kernels.registry import get, rank_kernel, rank_kernel_names
 from longca.masks import slices as sl
 from longca.masks.registry import build_mask
@@ -134,7 +137,8 @@ def test_flex_on_cuda_shares_the_adapter_compiled_flex_with_raised_recompile_lim
     # dynamo's default limit (8) would drop to eager flex, which materialises S x S scores.
     import torch._dynamo
 
-    from longca.kernels.adapters.flex import RECOMPILE_LIMIT, compiled_flex
+    from longca.kernels.adapters.flex import compiled_flex
+    from longca.kernels.dynamo_limits import RECOMPILE_LIMIT
 
     fn = Flex()._flex(torch.device("cuda"))
     assert fn is compiled_flex()
@@ -145,7 +149,7 @@ def test_flex_on_cuda_shares_the_adapter_compiled_flex_with_raised_recompile_lim
 # ------------------------------------------------------- sdpa: rectangles, parts, GQA on the CPU
 import math  # noqa: E402
 
-from longca.kernels.rank import Sdpa  # noqa: E402
+from longca.kernels.adapters.sdpa import RankSdpa as Sdpa  # noqa: E402
 
 
 class _SdpaOnCpuMath(Sdpa):

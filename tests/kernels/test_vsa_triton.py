@@ -18,7 +18,8 @@ from longca.kernels import registry
 from longca.kernels.base import Unsupported
 from longca.masks.registry import build_mask
 from longca.measure.reference import dense_mask_tensor, reference_attention, relative_error
-from longca.run.cell import planned_unsupported, run_cell
+from longca.run.cell import run_cell
+from longca.run.serving import planned_unsupported
 from longca.spec.cells import expand
 from longca.spec.load import load_spec
 

@@ -22,11 +22,10 @@ import torch
 
 from longca.kernels.adapters.linear_fla import CAPS as FLA_CAPS
 from longca.kernels.adapters.linear_fla import OPS, RECURRENT_OPS, FlaLinearKernel, FlaOp
-from longca.kernels.adapters.naive import NaiveAttention
+from longca.kernels.adapters.naive import NaiveAttention, RankNaive
 from longca.kernels.base import Capabilities, Prepared, RankCapabilities
 from longca.kernels.linear import FAMILIES
 from longca.kernels.linear import reference as ref
-from longca.kernels.rank import Naive as RankNaive
 from longca.kernels.registry import KERNELS, register
 
 RANK_CAPS = RankCapabilities(devices=frozenset({"cpu", "cuda"}), dtypes=frozenset({"float32", "float64"}))

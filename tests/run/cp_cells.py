@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from longca.spec.cells import Cell
-from longca.spec.load import DEFAULTS
+from longca.spec.model import DEFAULTS
 
 
 def cp_cell(**fields) -> Cell:

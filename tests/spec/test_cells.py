@@ -247,7 +247,7 @@ def test_a_late_dtype_tolerance_joins_only_its_own_cells():
     cell's digest (its file name) as it was, and only the fp8 cells carry the new entry."""
     import json
 
-    from longca.spec.load import LATE_TOLERANCES
+    from longca.spec.model import LATE_TOLERANCES
 
     before = expand(load_spec(text=SPEC))
     after = expand(load_spec(text=SPEC.replace("dtypes: [float32, bf16]", "dtypes: [float32, bf16, fp8]")))

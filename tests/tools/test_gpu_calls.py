@@ -15,8 +15,8 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 
-from longca.run.cell import planned_unsupported
 from longca.run.rows import status_row
+from longca.run.serving import planned_unsupported
 from longca.spec.cells import expand
 from longca.spec.load import load_spec
 from longca.store.write import write_rows

@@ -62,7 +62,7 @@ def _rows_of(path: Path, cell_id: str, cell, median_ms: float = 2.0) -> Path:
 
 
 def test_spec_projection_counts_as_left_only_cells_without_rows_of_their_current_digest(tmp_path: Path) -> None:
-    from longca.run.cell import planned_unsupported
+    from longca.run.serving import planned_unsupported
     from longca.spec.cells import expand
     from longca.spec.load import load_spec
 
@@ -89,7 +89,7 @@ def test_spec_projection_counts_as_left_only_cells_without_rows_of_their_current
 
 
 def test_what_if_projects_a_changed_repeat_with_every_cell_left(tmp_path: Path) -> None:
-    from longca.run.cell import planned_unsupported
+    from longca.run.serving import planned_unsupported
     from longca.spec.cells import expand
     from longca.spec.load import load_spec
 
@@ -177,7 +177,7 @@ sweeps: [{name: s}]
 def test_cells_out_holds_each_left_cells_projected_seconds(tmp_path: Path) -> None:
     import pyarrow.parquet as pq
 
-    from longca.run.cell import planned_unsupported
+    from longca.run.serving import planned_unsupported
     from longca.spec.cells import expand
     from longca.spec.load import load_spec
 

@@ -34,30 +34,19 @@ import time
 
 import torch
 
-from longca.kernels import rank
 from longca.kernels.base import Capabilities, Prepared, RankCapabilities, Unsupported, sync
+from longca.kernels.dynamo_limits import raise_recompile_limits
+from longca.kernels.lse import Part
+from longca.kernels.rank import NO_SLICES, RankKernel, SubMask, acc_dtype, check_heads, layout_area
 from longca.kernels.registry import register
+from longca.masks import slices as sl
+from longca.masks.blocks import BlockLayout
 from longca.masks.mask import Mask
 
 BLOCK_SIZE = 128
-# Shapes (and mask interval layer counts) each need their own compilation under dynamic=False;
-# a sweep sees many, and falling back to eager flex (which materialises S x S scores) would be
-# silently slow and memory-hungry, so the recompile limits are raised well above a sweep's count.
-RECOMPILE_LIMIT = 4096
 
 _compiled = None
 CPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def raise_recompile_limits() -> None:
-    """Dynamo's recompile limits up to RECOMPILE_LIMIT: past the default (8), dynamo silently runs
-    a compiled function eagerly, which for Flex means S x S scores (seen as CP `oom` rows on the H200)."""
-    import torch._dynamo
-
-    cfg = torch._dynamo.config
-    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
-        if hasattr(cfg, name):
-            setattr(cfg, name, max(getattr(cfg, name), RECOMPILE_LIMIT))
 
 
 def compiled_flex():
@@ -148,6 +137,93 @@ def kernel_options_for(block_size: int) -> dict[str, int] | None:
     return {"fwd_BLOCK_M": block_size, "fwd_BLOCK_N": block_size}
 
 
+# ------------------------------------------------------------------ its per-rank form (context parallelism)
+class RankFlex(RankKernel):
+    """FlexAttention with a BlockMask built from the sub-mask's slices (compiled on CUDA).
+    Rows of a step with no key get lse = -inf and zero output from FlexAttention itself."""
+
+    name = "flex"
+    takes_blocks = True
+
+    def __init__(self) -> None:
+        self._fn = None
+
+    def _flex(self, device: torch.device):
+        # On CUDA the single-device adapter's compiled flex_attention, whose raised recompile limits
+        # matter here: every ring step's BlockMask and the check length recompile, and past dynamo's
+        # default limit (8) it falls back to eager flex, which materialises S x S scores (the H200's
+        # CP backward asked for 256 GiB that way).
+        if self._fn is None:
+            if device.type == "cuda":
+                self._fn = compiled_flex()
+            else:
+                from torch.nn.attention.flex_attention import flex_attention
+
+                self._fn = flex_attention
+        return self._fn
+
+    def prepare(self, slices, seqlen_q, seqlen_k, device):
+        # The masks package builds the BlockMask block by block from the slices (never S x S).
+        from longca.masks.flex import to_block_mask
+        from longca.masks.mask import Mask
+
+        area = sl.area(slices)
+        bm = None
+        if area:
+            bm = to_block_mask(Mask("cp_step", seqlen_q, seqlen_k, slices), device=device)
+        return SubMask(slices, seqlen_q, seqlen_k, area, bm)
+
+    def prepare_blocks(self, layout: BlockLayout, heads_q: int, device: torch.device) -> SubMask:
+        """BlockMask of the step's block layout, one entry per local query head (FlexAttention
+        indexes a BlockMask by query head; GQA maps query head h to KV head h // group)."""
+        from longca.masks.flex import to_block_mask
+        from longca.masks.mask import Mask
+
+        sq, sk = int(layout.q_bounds[-1]), int(layout.k_bounds[-1])
+        area = layout_area(layout)
+        bm = None
+        if area:
+            bm = to_block_mask(Mask("cp_step", sq, sk, NO_SLICES, blocks=layout), device=device, heads_q=heads_q)
+        return SubMask(NO_SLICES, sq, sk, area, bm, layout)
+
+    def _call(self, q, k, v, sub):
+        from torch.nn.attention.flex_attention import AuxRequest
+
+        out, aux = self._flex(q.device)(
+            q,
+            k,
+            v,
+            block_mask=sub.form,
+            scale=1.0 / math.sqrt(q.shape[-1]),
+            enable_gqa=q.shape[1] != k.shape[1],
+            return_aux=AuxRequest(lse=True),
+        )
+        return out, aux.lse
+
+    def fwd_parts(self, q, k, v, sub) -> list:
+        """All rows as one part, out in the inputs' dtype (no float32 copy before the combination)."""
+        check_heads(sub, k)
+        # Never differentiated through (the ring's backward is hand-written); detached inputs also
+        # keep torch from refusing CPU inputs that require grad.
+        out, lse = self._call(q.detach(), k.detach(), v.detach(), sub)
+        return [Part(out, lse.to(acc_dtype(q.dtype)), 0, q.shape[2])]
+
+    def fwd(self, q, k, v, sub):
+        ((out, lse, _, _),) = self.fwd_parts(q, k, v, sub)
+        return out.to(acc_dtype(q.dtype)), lse
+
+    def bwd(self, dout, q, k, v, out, lse, sub):
+        """Flex's backward kernel given the combined (out, lse): no forward runs again
+        (longca.kernels.flex_backward). The earlier path, `bwd_by_autograd` over `_call`, runs the
+        step's forward again; benchmarks/cp_rank_local.py --also-autograd times it beside this one."""
+        from longca.kernels.flex_backward import flex_backward
+
+        check_heads(sub, k)
+        a = acc_dtype(q.dtype)
+        dq, dk, dv = flex_backward(dout, q, k, v, out, lse, sub.form, 1.0 / math.sqrt(q.shape[-1]))
+        return dq.to(a), dk.to(a), dv.to(a)
+
+
 class FlexAttention:
     name = "flex"
     layout = "bhsd"
@@ -174,13 +250,13 @@ class FlexAttention:
         cp=RankCapabilities(
             devices=frozenset({"cpu", "cuda"}),
             dtypes=frozenset({"float64", "float32", "bfloat16", "float16"}),
-            block_sparse=rank.Flex.takes_blocks,
+            block_sparse=RankFlex.takes_blocks,
             note="backward: Flex's backward kernel on the combined out/LSE (eager off CUDA)",
         ),
     )
 
-    def rank_kernel(self) -> rank.Flex:
-        return rank.Flex()
+    def rank_kernel(self) -> RankFlex:
+        return RankFlex()
 
     def grad_changes_form(self, mask: Mask, *, head_dim: int, dtype: torch.dtype, device: torch.device) -> bool:
         """Whether a forward-only call gets another BlockMask than one with gradients (see base.py)."""

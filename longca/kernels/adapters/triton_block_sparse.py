@@ -12,12 +12,88 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
+import numpy as np
 import torch
 
-from longca.kernels import rank
-from longca.kernels.base import Capabilities, Prepared, RankCapabilities, sync
+from longca.kernels.base import Capabilities, Prepared, RankCapabilities, Unsupported, sync
+from longca.kernels.lse import Part
+from longca.kernels.rank import NO_SLICES, RankKernel, SubMask, acc_dtype, check_heads, gqa_groups, layout_area
 from longca.kernels.registry import register
+from longca.masks.blocks import BlockLayout
 from longca.masks.mask import Mask
+
+
+# ------------------------------------------------------------------ its per-rank form (context parallelism)
+class RankTritonBlockSparse(RankKernel):
+    """longca's Triton block-sparse kernel (longca.kernels.triton_sparse) over the step's block
+    lists: the forward visits only the kept blocks of the KV shard held and returns the LSE; the
+    backward takes the global (out, LSE), which the kernel's backward accepts as given (so each
+    step's gradient is its exact share). GQA inside the kernel (no K/V repeat). Index tables are
+    built from the step's BlockLayout on first use per head dim (the warm-up call), cached in the
+    SubMask. Block-sparse masks only. On CPU only under Triton's interpreter (TRITON_INTERPRET=1)."""
+
+    name = "triton_block_sparse"
+    takes_blocks = True
+
+    def prepare_check(self, slices: np.ndarray) -> None:
+        raise Unsupported(
+            "per-rank kernel 'triton_block_sparse' takes block-sparse masks (block_sparse, "
+            "variable_block_sparse), not slice masks (use flex or sdpa_cudnn)"
+        )
+
+    def prepare(self, slices, seqlen_q, seqlen_k, device):
+        self.prepare_check(slices)
+
+    def prepare_blocks(self, layout: BlockLayout, heads_q: int, device: torch.device) -> SubMask:
+        import os
+
+        if torch.device(device).type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise Unsupported(
+                "per-rank kernel 'triton_block_sparse' runs on CUDA, or on CPU only under "
+                "Triton's interpreter (TRITON_INTERPRET=1 set before triton is imported)"
+            )
+        return SubMask(NO_SLICES, int(layout.q_bounds[-1]), int(layout.k_bounds[-1]), layout_area(layout), {}, layout)
+
+    def __init__(self) -> None:
+        self.tiles: set[str] = set()  # the tile configs this instance's plans ran with
+
+    def backend_detail(self) -> str | None:
+        """'triton tiles <config>' as single-GPU rows name it (configs of several steps joined by ' | '),
+        so a CP row can be compared with single-GPU rows of the same tiles."""
+        return "triton tiles " + " | ".join(sorted(self.tiles)) if self.tiles else None
+
+    def _plan(self, sub: SubMask, q: torch.Tensor):
+        key = (q.shape[-1], str(q.device))
+        if key not in sub.form:
+            from longca.kernels.triton_sparse.configs import default_config
+            from longca.kernels.triton_sparse.plan import build_plan
+
+            sub.form[key] = build_plan(sub.blocks, q.device, default_config(q.shape[-1], sub.blocks.uniform_block))
+        self.tiles.add(sub.form[key].config.as_text())
+        return sub.form[key]
+
+    def fwd_parts(self, q, k, v, sub) -> list:
+        """All rows as one part, out in the inputs' dtype (no float32 copy before the combination)."""
+        from longca.kernels.triton_sparse.api import block_sparse_attn_fwd
+
+        check_heads(sub, k)
+        gqa_groups(q, k)
+        out, lse = block_sparse_attn_fwd(q, k, v, self._plan(sub, q))
+        return [Part(out, lse.to(acc_dtype(q.dtype)), 0, q.shape[2])]
+
+    def fwd(self, q, k, v, sub):
+        ((out, lse, _, _),) = self.fwd_parts(q, k, v, sub)
+        return out.to(acc_dtype(q.dtype)), lse
+
+    def bwd(self, dout, q, k, v, out, lse, sub):
+        from longca.kernels.triton_sparse.api import block_sparse_attn_bwd
+
+        check_heads(sub, k)
+        a = acc_dtype(q.dtype)
+        grads = block_sparse_attn_bwd(
+            q, k, v, out.to(q.dtype).contiguous(), lse.float().contiguous(), dout.to(q.dtype), self._plan(sub, q)
+        )
+        return tuple(g.to(a) for g in grads)
 
 
 class TritonBlockSparse:
@@ -38,13 +114,13 @@ class TritonBlockSparse:
             devices=frozenset({"cpu", "cuda"}),
             dtypes=frozenset({"float32", "bfloat16", "float16"}),
             slice_kinds=frozenset(),
-            block_sparse=rank.TritonBlockSparse.takes_blocks,
+            block_sparse=RankTritonBlockSparse.takes_blocks,
             note="block-sparse masks only; CPU only under TRITON_INTERPRET=1",
         ),
     )
 
-    def rank_kernel(self) -> rank.TritonBlockSparse:
-        return rank.TritonBlockSparse()
+    def rank_kernel(self) -> RankTritonBlockSparse:
+        return RankTritonBlockSparse()
 
     def prepare(
         self,
