@@ -12,6 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGINS = ROOT / "tests" / "plugins"
+sys.path.insert(0, str(ROOT / "tests" / "support"))  # helpers the tests and their spawned ranks import
 
 
 @pytest.fixture

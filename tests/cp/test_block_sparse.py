@@ -22,6 +22,7 @@ import traceback
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import rank_hits
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -30,8 +31,9 @@ from longca.cp.mechanisms import build_plan, cp_attention
 from longca.cp.reference import reference_attention
 from longca.cp.sharding import make_sharding
 from longca.cp.submask import layout_step_areas, sub_layout
+from longca.kernels.adapters.naive import RankNaive as Naive
+from longca.kernels.adapters.triton_block_sparse import RankTritonBlockSparse as TritonBlockSparse
 from longca.kernels.base import Unsupported
-from longca.kernels.rank import Naive, TritonBlockSparse
 from longca.kernels.registry import rank_kernel
 from longca.masks.registry import build_mask
 from longca.measure.reference import relative_error
@@ -251,12 +253,14 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
         with open(os.path.join(out_dir, "cases.json"), "w") as f:
             json.dump(results, f)
     dist.barrier()
+    rank_hits.save(out_dir)  # for the mutation score (tests/support/rank_hits.py)
     dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_block_sparse_cp_matches_the_reference(world: int, tmp_path) -> None:
     mp.start_processes(_worker, args=(world, free_port(), str(tmp_path)), nprocs=world, start_method="spawn")
+    rank_hits.merge(tmp_path)
     results = json.load(open(tmp_path / "cases.json"))
     kinds = {"naive": "naive", "triton_block_sparse": "triton", "flex": "flex"}
     bad = [r for r in results if "failure" in r or max(r["errors"]) > TOL[kinds[r["kernel"]]]]

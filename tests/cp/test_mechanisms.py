@@ -11,6 +11,7 @@ import os
 import traceback
 
 import pytest
+import rank_hits
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -155,6 +156,7 @@ def _worker(rank: int, world: int, port: int, doc_file: str, result_file: str) -
         with open(result_file, "w") as f:
             json.dump(results, f)
     dist.barrier()
+    rank_hits.save(os.path.dirname(result_file))  # for the mutation score (tests/support/rank_hits.py)
     dist.destroy_process_group()
 
 
@@ -169,6 +171,7 @@ def doc_file(tmp_path_factory) -> str:
 def test_every_mechanism_and_mask_matches_reference(world: int, doc_file: str, tmp_path) -> None:
     result_file = str(tmp_path / "results.json")
     mp.start_processes(_worker, args=(world, free_port(), doc_file, result_file), nprocs=world, start_method="spawn")
+    rank_hits.merge(tmp_path)
     results = json.load(open(result_file))
     heads = results.pop()
     assert heads["heads_error"] is not None and f"heads_q={3 * world // 2}" in heads["heads_error"]

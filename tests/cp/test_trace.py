@@ -8,6 +8,7 @@ import datetime
 import json
 import os
 
+import rank_hits
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -99,6 +100,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         logs[mech] = {"fwd": fwd, "bwd": bwd}
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(logs, f)
+    rank_hits.save(out_dir)  # for the mutation score (tests/support/rank_hits.py)
     dist.destroy_process_group()
 
 
@@ -132,6 +134,7 @@ def _traced(mech: str, degrees, rank: int, pass_: str) -> list:
 
 def test_each_mechanisms_trace_is_what_it_sends_on_gloo(tmp_path) -> None:
     mp.start_processes(_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD, start_method="spawn")
+    rank_hits.merge(tmp_path)
     for rank in range(WORLD):
         logs = json.loads((tmp_path / f"rank{rank}.json").read_text())
         for mech, degrees in CASES:

@@ -8,12 +8,13 @@ import os
 
 import pyarrow.parquet as pq
 import pytest
+import rank_hits
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from longca.kernels.adapters.naive import RankNaive as Naive
 from longca.kernels.base import RankCapabilities
-from longca.kernels.rank import Naive
 from longca.kernels.registry import KERNELS, get
 from longca.masks.registry import build_mask
 from longca.measure.stats import MedianCI
@@ -131,12 +132,14 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         else:  # every rank must reach the same verdict
             with open(os.path.join(out_dir, f"{name}.rank1"), "w") as f:
                 f.write(",".join(r["status"] for r in rows))
+    rank_hits.save(out_dir)  # for the mutation score (tests/support/rank_hits.py)
     dist.destroy_process_group()
 
 
 def test_cells_become_rows(tmp_path):
     assert isinstance(get("naive").caps.cp, RankCapabilities)
     mp.start_processes(_worker, args=(free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
+    rank_hits.merge(tmp_path)
     tables = {name: pq.read_table(tmp_path / f"{name}.parquet").to_pylist() for name in CELLS}
     for name, rows in tables.items():
         assert (tmp_path / f"{name}.rank1").read_text() == ",".join(r["status"] for r in rows)
