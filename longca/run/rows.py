@@ -162,7 +162,7 @@ def gate_peak(row: dict[str, Any], device: torch.device) -> None:
 def classify(exc: BaseException) -> tuple[str, str]:
     """(status, reason) of an exception raised while running a cell."""
     text = f"{type(exc).__name__}: {exc}".strip()
-    first = text.splitlines()[0][:500] if text else type(exc).__name__
+    first = text.splitlines()[0][:500]  # never empty: it starts with the type
     if isinstance(exc, Unsupported):
         return Status.UNSUPPORTED.value, str(exc)[:500]
     lowered = text.lower()

@@ -82,3 +82,12 @@ def test_backward_verdict_judges_every_gradient_at_the_looser_tolerance():
 def test_nan_never_passes():
     assert "out=nan" in check.check_verdict(_cell(), _errors(out=math.nan))
     assert "dq=nan" in check.check_verdict(_cell(pass_="bwd"), _errors(dq=math.nan))
+
+
+def test_a_check_without_grad_factor_makes_gradients_three_times_looser():
+    cell = _cell(dtype="float16", check_block="check: {tolerance: {float16: 0.02}}")
+    assert check.tolerance(cell) == (0.02, pytest.approx(0.06))
+
+
+def test_the_default_granule_is_one_token():
+    assert check.check_length(_cell(seqlen=8193)) == 8192

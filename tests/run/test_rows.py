@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from datetime import datetime
 
 import pytest
 import torch
@@ -227,3 +228,124 @@ def test_no_reason_is_lost_to_nan_tflops():
     timing = Timing(samples_ms=[1.0] * 6, warmup_iters=0, timed_iters=6, timer="wall", l2_flush=False)
     cols = rows.timing_columns(timing, flops=0.0, tokens=1)
     assert cols["tflops"] == 0.0 and not math.isnan(cols["tokens_per_s"]) and cols["ci_met"] is None
+
+
+def test_identity_columns_exactly():
+    cell = _cell(seqlen=3072, mask="sliding_window", pass_="bwd")
+    assert rows.cell_columns(cell) == {
+        "spec": "t",
+        "sweep": "s",
+        "cell_id": cell.id,
+        "cell_digest": cell.digest,
+        "kernel": "sdpa_math",
+        "pass": "bwd",
+        "batch": 2,
+        "seqlen_q": 3072,
+        "seqlen_k": 3072,
+        "heads_q": 4,
+        "heads_kv": 2,
+        "head_dim": 16,
+        "head_dim_v": 16,
+        "dtype": "float32",
+        "mask": "sliding_window",
+        "mask_family": "regular",
+        "mask_variant": cell.mask_variant,
+        "mask_params": '{"window": 16}',
+        "seed": 0,
+        "mask_samples": 1,
+        "world_size": 1,
+        "cp_mechanism": None,
+        "cp_variant": None,
+        "cp_degrees": None,
+        "cp_balance": None,
+    }
+    (cp,) = _cells(CP_SPEC)
+    assert rows.cell_columns(cp)["cp_degrees"] == '{"ring": 2, "ulysses": 2, "windows": 1}'  # keys sorted
+
+
+def test_degrees_that_do_not_resolve_are_kept_as_given_with_sorted_keys():
+    import dataclasses
+
+    (cp,) = _cells(CP_SPEC)
+    odd = dataclasses.replace(cp, cp_degrees=(("windows", 3), ("ulysses", 3)))  # 3 x 3 is not 4
+    assert rows.cell_columns(odd)["cp_degrees"] == '{"ulysses": 3, "windows": 3}'
+
+
+def test_mask_params_json_has_sorted_keys():
+    import dataclasses
+
+    cell = dataclasses.replace(_cell(), mask="block_sparse", mask_params=(("score", "random"), ("block", 64)))
+    cols = rows.cell_columns(cell)
+    assert cols["mask_params"] == '{"block": 64, "score": "random"}' and cols["mask_family"] == "dynamic"
+    unknown = dataclasses.replace(_cell(), mask="not_a_mask")
+    assert rows.cell_columns(unknown)["mask_family"] is None
+
+
+def test_base_row_has_the_environment_of_the_device_that_runs_it(monkeypatch):
+    import dataclasses
+
+    from longca.measure.env import environment
+
+    row = rows.base_row(_cell())
+    assert isinstance(row["timestamp"], datetime) and row["timestamp"].tzinfo is not None
+    assert row["device_name"] == environment("cpu")["device_name"]
+    # a CUDA cell recorded on a machine without CUDA (a planned refusal) carries the host's facts
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cuda_row = rows.base_row(dataclasses.replace(_cell(), device="cuda"))
+    assert cuda_row["device_name"] == environment("cpu")["device_name"]
+    unknown = rows.base_row(dataclasses.replace(_cell(), kernel="no_such_kernel"))
+    assert "layout" not in unknown and "kernel_family" not in unknown
+
+
+def test_a_cp_block_sparse_cell_names_its_mask_form():
+    import dataclasses
+
+    (cp,) = _cells(CP_SPEC)
+    sparse = dataclasses.replace(cp, mask="block_sparse", mask_params=(("block", 16),))
+    assert rows.base_row(sparse)["mask_form"] == "block_sparse"
+
+
+def test_mask_columns_exactly():
+    mask = build_mask("variable_block_sparse", 1024, {"min_block": 64, "mean_block": 128}, seed=2)
+    cols = rows.mask_columns(mask, sample=1)
+    assert cols["variable_blocks"] is True and cols["block_size"] is None
+    assert cols["mask_params"] == json.dumps(mask.params, sort_keys=True, default=str)
+    assert list(json.loads(cols["mask_params"])) == sorted(mask.params)
+    doc = build_mask("full_document", 256, {}, seed=3)
+    dcols = rows.mask_columns(doc, sample=0)
+    assert set(dcols) == {"mask_sample", "density", "num_documents", "distribution", "mask_params"}
+    assert dcols["distribution"] == doc.params["distribution"] is not None
+
+
+def test_throughput_to_the_last_digit():
+    timing = Timing(samples_ms=[2.0] * 6, warmup_iters=0, timed_iters=6, timer="cuda_event", l2_flush=True)
+    # 2e12 FLOPs in 2 ms: exactly 1000 TFLOP/s
+    assert rows.timing_columns(timing, flops=2e12, tokens=1)["tflops"] == 1000.0
+
+
+def test_the_peak_gate_at_the_peak_itself(monkeypatch):
+    monkeypatch.setattr(rows, "peak_tflops", lambda device, name, dtype: (100.0, f"table for {name} {dtype}"))
+    at = {"dtype": "bfloat16", "tflops": 100.0, "status": "ok", "reason": None}
+    rows.gate_peak(at, torch.device("cpu"))
+    assert at["status"] == "ok"  # reaching the peak is possible; passing it is not
+    over = {"dtype": "bfloat16", "tflops": 100.5, "status": "ok", "reason": None}
+    rows.gate_peak(over, torch.device("cpu"))
+    from longca.measure.env import environment
+
+    name = environment("cpu")["device_name"]
+    assert over["reason"] == (
+        f"throughput 100.5 TFLOP/s above the device peak 100.0 (table for {name} bfloat16): "
+        "a measurement or FLOP-count bug, not a result"
+    )
+
+
+def test_a_reason_of_blank_lines_summarises_to_nothing():
+    assert rows.summarize([{"status": "error", "reason": "\n \n"}]) == "error: "
+
+
+def test_lengths_in_the_terminal_line():
+    import dataclasses
+
+    cell = _cell()
+    for n, text in ((1024, "1K"), (1536, "1536"), (1 << 20, "1M"), (3 << 20, "3M"), (1000, "1000"), (512, "512")):
+        assert f" {text} " in rows.cell_line(dataclasses.replace(cell, seqlen=n), "ok")

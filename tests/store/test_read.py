@@ -98,3 +98,35 @@ def test_run_summary_counts_cells_by_their_least_status_most_first(tmp_path):
     assert run_summary(path, "reports/t/index.html").endswith(
         "7 rows in " + str(path) + "; report: reports/t/index.html"
     )
+
+
+def test_damage_reads_the_magic_at_both_ends_exactly(sound):
+    data = bytearray(sound.read_bytes())
+    data[-5] = ord("X")  # the byte before the closing magic: the footer length, not the magic
+    sound.write_bytes(bytes(data))
+    assert "bad magic bytes" not in (damage(sound) or "")
+    data = bytearray(sound.read_bytes())
+    data[-1:] = b"X"
+    sound.write_bytes(bytes(data))
+    assert "bad magic bytes" in damage(sound)
+
+
+def test_an_unreadable_file_names_the_parse_error(sound):
+    data = bytearray(sound.read_bytes())
+    data[-8:-4] = (10**9).to_bytes(4, "little")  # a footer longer than the file
+    sound.write_bytes(bytes(data))
+    why = damage(sound)
+    assert why.startswith(f"{sound}: unreadable Parquet (ArrowInvalid: Parquet file size is ")
+
+
+def test_digest_statuses_and_run_summary_read_their_two_columns_only(tmp_path, monkeypatch):
+    path = tmp_path / "rows.parquet"
+    pq.write_table(pa.table({"cell_digest": ["a"], "status": ["ok"], "x": [1]}), path)
+    asked = []
+    real = pq.read_table
+    monkeypatch.setattr(
+        pq, "read_table", lambda p, columns=None, **kw: (asked.append(columns), real(p, columns=columns))[1]
+    )
+    digest_statuses(path)
+    run_summary(path)
+    assert asked == [["cell_digest", "status"], ["cell_digest", "status"]]
