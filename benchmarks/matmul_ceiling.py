@@ -3,8 +3,8 @@
 A square product of N x N matrices (2 N^3 FLOPs) in each 16-bit dtype (and e4m3 through
 torch._scaled_mm where the device has fp8 tensor cores), timed by longca's CUDA timer (the same
 timer and L2 flush as every cell) for several rounds; the record per dtype keeps every round's
-median, the rounds' median and spread, the SM clock after each round, and the environment facts a
-row carries. `longca report --ceiling OUT.json` reads it.
+median, the rounds' median and spread, the SM clock sampled during each round (as a cell's row
+has it) and read after it, and the environment facts a row carries. `longca report --ceiling OUT.json` reads it.
 
     python benchmarks/matmul_ceiling.py OUT.json [--n 8192] [--rounds 5]
 """
@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 
 import torch
 
+from longca.measure.clocks import ClockSampler
 from longca.measure.env import environment, gpu_clock_state
 from longca.measure.timer import CudaTimer
 
@@ -48,11 +49,15 @@ def main() -> None:
         if dtype == "float8_e4m3fn" and torch.cuda.get_device_capability(device) < (8, 9):
             continue
         fn = _product(dtype, args.n, device)
-        rounds, clocks = [], []
+        rounds, clocks, window = [], [], []
         for _ in range(args.rounds):
-            t = timer.time(fn, warmup=10, iters=200, min_iters=20, budget_s=1.0)
+            # the SM clock sampled while the calls run, as a cell's row has it (clock_window_mhz):
+            # the ceiling at a row's clock is the rate per GHz of the round times that clock
+            with ClockSampler(gpu_clock_state) as sampler:
+                t = timer.time(fn, warmup=10, iters=200, min_iters=20, budget_s=1.0)
             rounds.append(t.median_ms)
             clocks.append(gpu_clock_state().get("clock_mhz"))
+            window.append(sampler.summary()["clock_window_mhz"])
         tflops = [flops / (ms * 1e-3) / 1e12 for ms in rounds]
         rec = {
             "what": "matmul",
@@ -64,7 +69,8 @@ def main() -> None:
             "tflops": statistics.median(tflops),
             "tflops_min": min(tflops),
             "tflops_max": max(tflops),
-            "clock_mhz": clocks,
+            "clock_mhz": clocks,  # read after each round
+            "clock_window_mhz": window,  # the median of the clock sampled during each round
             "timer": timer.name,
             "l2_flush": timer.l2_flush,
             "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),

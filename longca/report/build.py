@@ -240,7 +240,8 @@ def _choose_page(
                 f"{d} {t}: {v:.0f} TFLOP/s"
                 for d, t, v in ceiling.select("device_name", "dtype", "matmul_tflops").iter_rows()
             )
-            + ".",
+            + ". Where the rate was measured with its in-window clock, each square's share is of the rate "
+            "at the clock its best kernel ran at (the rate per GHz times that clock).",
             "note",
         )
     return page
@@ -812,7 +813,13 @@ def _provenance_page(
             "flush; the median of several rounds, the slowest and fastest round beside it), as "
             "benchmarks/matmul_ceiling.py measured it; the choose page gives each best kernel's share of it."
         )
-        page.table(_table(ceiling, ceilings.COLUMNS, numeric=["n", "matmul_tflops", "tflops_min", "tflops_max"]))
+        page.table(
+            _table(
+                ceiling,
+                ceilings.COLUMNS,
+                numeric=["n", "matmul_tflops", "tflops_min", "tflops_max", "matmul_tflops_per_ghz"],
+            )
+        )
     page.h2("Downloads")
     page.links(
         [

@@ -9,8 +9,32 @@ from pathlib import Path
 
 import polars as pl
 
-COLUMNS = ["source", "device_name", "dtype", "n", "matmul_tflops", "tflops_min", "tflops_max", "rounds", "timestamp"]
+COLUMNS = [
+    "source",
+    "device_name",
+    "dtype",
+    "n",
+    "matmul_tflops",
+    "tflops_min",
+    "tflops_max",
+    "matmul_tflops_per_ghz",
+    "rounds",
+    "timestamp",
+]
 _NEEDED = ("what", "device_name", "dtype", "tflops", "round_tflops")
+
+
+def per_ghz(rec: dict) -> float | None:
+    """The record's best round rate per GHz of the SM clock sampled during that round (None where
+    the record has no such clock per round): the ceiling at a row's in-window clock is this times
+    the clock. Under a power cap a matmul's clock falls from round to round (an H100: 1815 to 1395
+    MHz read after each round) while attention cells of a few milliseconds ran at up to 1980 MHz.
+    The clock read after a round is not used: it lags the round (379-482 TFLOP/s per GHz by it)."""
+    clocks = rec.get("clock_window_mhz") or []
+    rates = rec["round_tflops"]
+    if len(clocks) != len(rates) or not all(isinstance(c, (int, float)) and c > 0 for c in clocks):
+        return None
+    return max(float(r) / (float(c) / 1000.0) for r, c in zip(rates, clocks))
 
 
 def load(paths: Sequence[str | Path], shown: dict[Path, str] | None = None) -> pl.DataFrame:
@@ -40,6 +64,7 @@ def load(paths: Sequence[str | Path], shown: dict[Path, str] | None = None) -> p
                     "matmul_tflops": float(rec["tflops"]),
                     "tflops_min": float(min(rec["round_tflops"])),
                     "tflops_max": float(max(rec["round_tflops"])),
+                    "matmul_tflops_per_ghz": per_ghz(rec),
                     "rounds": len(rec["round_tflops"]),
                     "timestamp": rec.get("timestamp"),
                 }

@@ -106,6 +106,7 @@ _MEDIAN = (
     "imbalance_time",
     "imbalance_area",
     "rel_err_out",
+    "clock_window_mhz",
 )
 
 
@@ -422,8 +423,12 @@ def choose(c: pl.DataFrame, ceilings: pl.DataFrame | None = None, between_runs: 
     kernels that might lead once replayed (always 0 at eager time).
 
     The best kernel's own row fields stay (spec, sweep, cell id, commit: its repro command).
-    `ceilings` (device_name, dtype, matmul_tflops): adds `pct_matmul`, the best TFLOP/s as a share
-    of that device's measured matrix-product rate in the cell's dtype.
+    `ceilings` (device_name, dtype, matmul_tflops, optionally matmul_tflops_per_ghz): adds
+    `ceiling_tflops`, the device's measured matrix-product rate in the cell's dtype at the clock the
+    best kernel ran at (its in-window SM clock times the rate per GHz, where both are known; else
+    the rate as measured), and `pct_matmul`, the best TFLOP/s as a share of it. A power-capped
+    matmul runs at lower clocks than short attention calls: at its own clock, FA4's 8K forward on
+    an H100 stood 9% above it.
     """
     ok = pl.concat([mask_cells(c), sparse_cells(c)], how="diagonal_relaxed")
     if ok.is_empty():
@@ -472,10 +477,19 @@ def choose(c: pl.DataFrame, ceilings: pl.DataFrame | None = None, between_runs: 
         .drop("rank", "runner_up_move")
     )
     if ceilings is not None and ceilings.height:
+        per_ghz = "matmul_tflops_per_ghz" in ceilings.columns
         best = best.join(
-            ceilings.select("device_name", "dtype", "matmul_tflops"), on=["device_name", "dtype"], how="left"
+            ceilings.select("device_name", "dtype", "matmul_tflops", *(["matmul_tflops_per_ghz"] if per_ghz else [])),
+            on=["device_name", "dtype"],
+            how="left",
         )
-        best = best.with_columns(pct_matmul=pl.col("tflops") / pl.col("matmul_tflops"))
+        at_clock = (
+            pl.col("matmul_tflops_per_ghz").cast(pl.Float64) * pl.col("clock_window_mhz").cast(pl.Float64) / 1000.0
+            if per_ghz and "clock_window_mhz" in best.columns
+            else pl.lit(None, pl.Float64)
+        )
+        best = best.with_columns(ceiling_tflops=pl.coalesce(at_clock, pl.col("matmul_tflops").cast(pl.Float64)))
+        best = best.with_columns(pct_matmul=pl.col("tflops") / pl.col("ceiling_tflops"))
     return best.sort(keys)
 
 

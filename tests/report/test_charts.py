@@ -356,3 +356,16 @@ def test_throughput_is_drawn_at_kernel_time_with_eager_one_click_away() -> None:
     # memory charts have nothing to switch
     memory = charts.mask_metric("causal", c.with_columns(peak_mem_gib=pl.lit(1.0)), "peak_mem_gib", pl.DataFrame())
     assert all(p["name"] != "time" for p in memory.spec().get("params", []))
+
+
+def test_the_ceiling_is_taken_at_the_best_kernels_own_clock(cells: pl.DataFrame) -> None:
+    device, dtype = cells.get_column("device_name")[0], cells.get_column("dtype")[0]
+    clocked = cells.with_columns(clock_window_mhz=pl.lit(1500.0))
+    ceiling = pl.DataFrame(
+        {"device_name": [device], "dtype": [dtype], "matmul_tflops": [500.0], "matmul_tflops_per_ghz": [400.0]}
+    )
+    best = queries.choose(clocked, ceiling).filter(pl.col("dtype") == dtype)
+    assert best.height and (best.get_column("ceiling_tflops") == 600.0).all()  # 400 per GHz at 1.5 GHz
+    assert best.get_column("pct_matmul").to_list() == pytest.approx((best.get_column("tflops") / 600.0).to_list())
+    unclocked = queries.choose(cells.with_columns(clock_window_mhz=pl.lit(None, pl.Float64)), ceiling)
+    assert (unclocked.filter(pl.col("dtype") == dtype).get_column("ceiling_tflops") == 500.0).all()
