@@ -86,22 +86,14 @@ def gallery(
 ) -> list[dict[str, Any]]:
     """One picture per pattern (all 14) plus index.json describing them; returns the index.
 
-    `params` overrides per pattern (e.g. {"sliding_window": {"window": 256}}); by default
-    windows and blocks are scaled to S/16 so the structure is visible at any S; documents
-    follow the default ("auto") distribution."""
+    `params` overrides per pattern (e.g. {"sliding_window": {"window": 256}}); by default each
+    pattern's `gallery` parameters (windows and blocks scaled to S/16 or so, so that the structure
+    is visible at any S); documents follow the default ("auto") distribution."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    visible = max(1, seqlen // 16)
-    defaults = {
-        "sliding_window": {"window": visible},
-        "causal_sliding_window": {"window": visible},
-        "block_causal_document": {"block": visible},
-        "block_sparse": {"block": max(1, seqlen // 32)},
-        "variable_block_sparse": {"min_block": max(1, seqlen // 64), "mean_block": max(1, seqlen // 16)},
-    }
     index = []
     for name, pat in PATTERNS.items():
-        p = (params or {}).get(name, defaults.get(name, {}))
+        p = (params or {}).get(name, pat.gallery(seqlen) if pat.gallery else {})
         mask = build_mask(name, seqlen, p, seed=seed)
         path = draw(mask, out_dir / f"{name}.{fmt}", cells=cells, size=240)
         index.append(

@@ -50,31 +50,26 @@ def forms_of(mask_name: str) -> frozenset[str]:
 
 
 def window_form(mask: Mask) -> WindowForm:
-    if mask.name == "sliding_window":
-        return WindowForm(int(mask.params["window"]), int(mask.params["window"]))
-    if mask.name == "causal_sliding_window":
-        return WindowForm(int(mask.params["window"]), 0)
-    if mask.name == "causal":
-        return WindowForm(-1, 0)
-    if mask.name == "full":
-        return WindowForm(-1, -1)
-    raise ValueError(
-        f"mask {mask.name!r} has no window form; masks with one: "
-        f"{sorted(n for n, p in PATTERNS.items() if 'window' in p.forms)}"
-    )
+    """The keys around each query as flash-attn's window_size: the pattern's own (MaskPattern.window)."""
+    pattern = PATTERNS.get(mask.name)
+    if pattern is None or pattern.window is None:
+        raise ValueError(
+            f"mask {mask.name!r} has no window form; masks with one: "
+            f"{sorted(n for n, p in PATTERNS.items() if p.window is not None)}"
+        )
+    left, right = pattern.window(mask.params)
+    return WindowForm(int(left), int(right))
 
 
 def varlen_form(mask: Mask) -> VarlenForm:
     docs = mask.documents if mask.documents is not None else (mask.seqlen_q,)
-    if mask.name in ("full", "full_document"):
-        causal = False
-    elif mask.name in ("causal", "causal_document"):
-        causal = True
-    else:
+    pattern = PATTERNS.get(mask.name)
+    if pattern is None or "varlen" not in pattern.forms:
         raise ValueError(
             f"mask {mask.name!r} has no varlen form; masks with one: "
             f"{sorted(n for n, p in PATTERNS.items() if 'varlen' in p.forms)}"
         )
+    causal = pattern.causal_documents
     cu = np.concatenate([[0], np.cumsum(docs)]).astype(np.int64)
     return VarlenForm(cu, causal, int(max(docs)))
 
@@ -143,7 +138,7 @@ def document_interval_form(mask: Mask) -> tuple[VarlenForm, np.ndarray]:
     used = hi > lo
     if ((lo < start) & used).any() or ((hi > end) & used).any():
         raise ValueError(f"mask {mask.name!r} attends across documents: no document_intervals form")
-    causal = mask.name == "causal_document"  # what the offsets alone cannot say; the endpoints carry it
+    causal = PATTERNS[mask.name].causal_documents  # what the offsets alone cannot say; the endpoints carry it
     docs = VarlenForm(cu, causal, int(np.diff(cu).max()))
     return docs, interval_endpoints(np.where(used, lo - start, 0), np.where(used, hi - start, 0))
 

@@ -111,7 +111,7 @@ def mask_columns(mask: Mask, sample: int) -> dict[str, Any]:
         row.update(
             block_size=mask.params.get("block"),
             score_source=mask.params.get("score"),
-            variable_blocks=mask.name == "variable_block_sparse",
+            variable_blocks="block" not in mask.params,  # blocks of one size have a `block` size
         )
     return row
 

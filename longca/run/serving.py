@@ -38,7 +38,8 @@ def planned_unsupported(cell: Cell) -> str | None:
         return rank_unsupported_reason(
             kernel.caps, device=cell.device, dtype=cell.dtype, block_sparse=PATTERNS[cell.mask].family == "dynamic"
         )
-    block = resolve_params(cell.mask, dict(cell.mask_params)).get("block") if cell.mask == "block_sparse" else None
+    pattern = PATTERNS[cell.mask]
+    block = resolve_params(cell.mask, dict(cell.mask_params)).get("block") if pattern.family == "dynamic" else None
     return static_unsupported_reason(
         kernel.caps,
         mask_name=cell.mask,

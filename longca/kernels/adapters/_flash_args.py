@@ -57,11 +57,11 @@ def flash_mask_args(mask: Mask, form: str, batch: int = 1) -> FlashMaskArgs:
         _expect(mask, form, ("causal",))
         return FlashMaskArgs(form, causal=True, window=(-1, 0))
     if form == "window":
-        if mask.name == "full":
-            return FlashMaskArgs(form)
-        if mask.name == "causal":
-            return FlashMaskArgs(form, causal=True, window=(-1, 0))
         w = window_form(mask)
+        if (w.left, w.right) == (-1, -1):  # full
+            return FlashMaskArgs(form)
+        if (w.left, w.right) == (-1, 0):  # causal: the kernel's own flag
+            return FlashMaskArgs(form, causal=True, window=(-1, 0))
         return FlashMaskArgs(form, causal=False, window=(int(w.left), int(w.right)))
     if form == "varlen":
         vf = varlen_form(mask)

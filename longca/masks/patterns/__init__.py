@@ -1,0 +1,2 @@
+"""One module per mask pattern, each defining `PATTERN` (longca.masks.pattern.MaskPattern);
+longca.masks.registry finds them all."""
