@@ -90,7 +90,7 @@ def single_device(cell: Cell) -> Cell:
 def candidates(cell: Cell, device: torch.device, exclude_self: bool = True) -> tuple[list[Cell], list[str]]:
     """The comparator cells that may serve `cell`, in the spec's order, and why the others cannot.
     `exclude_self=False` for a CP cell: its own kernel on one device checks the mechanism."""
-    computes = registry.get(cell.kernel).caps.computes
+    computes = cell.adapter.caps.computes
     usable, why = [], []
     for name in cell.check_dict.get("agree_with", []):
         if name == cell.kernel and exclude_self:
@@ -219,7 +219,7 @@ def _differences(
     `dout_bshd`), run over the fewest head groups that fit in memory (`head_groups`). With
     `theirs_out`, the comparator's results are also left there as host copies, one per head group
     in order (concatenated along the heads, they are its whole results)."""
-    kernel = registry.get(other.kernel)
+    kernel = other.adapter
     dtype = DTYPES[other.dtype]
     tries = head_groups(other, mask)
     for groups in tries:

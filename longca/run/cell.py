@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from longca.kernels import registry
 from longca.kernels.base import (
     DTYPES,
     backward_refusal,
@@ -26,7 +25,7 @@ from longca.kernels.base import (
 )
 from longca.kernels.layout import from_bshd, to_bshd
 from longca.masks.mask import Mask
-from longca.masks.registry import PATTERNS, build_mask
+from longca.masks.registry import build_mask
 from longca.measure.clocks import ClockSampler, no_sampler
 from longca.measure.cooldown import cool_down
 from longca.measure.env import gpu_clock_state
@@ -108,7 +107,7 @@ def _build(
     with build time 0.0."""
     t0 = time.perf_counter()
     params = dict(cell.mask_params)
-    pattern = PATTERNS[cell.mask]
+    pattern = cell.pattern
     # Block-sparse layouts are per KV head; importance scores come from the cell's own inputs.
     wants_inputs = pattern.needs_inputs_for(params)
     key = None if wants_inputs or not keep else (cell.mask, cell.mask_params, seqlen, cell.seed, sample, cell.heads_kv)
@@ -165,7 +164,7 @@ def check_correctness(cell: Cell, device: torch.device, caches: CellCaches | Non
     kernel/mask/shape shares the one check). `cached` in the result says which (its time is 0).
     """
     caches = caches if caches is not None else CellCaches()
-    kernel = registry.get(cell.kernel)
+    kernel = cell.adapter
     check_len = min(cell.seqlen, int(cell.check_dict["max_seqlen"]))
     grads = checks_gradients(kernel, cell, device)
     dtype = DTYPES[cell.dtype]
@@ -273,7 +272,7 @@ def check_correctness(cell: Cell, device: torch.device, caches: CellCaches | Non
 def _measure_sample(
     cell: Cell, device: torch.device, sample: int, check: dict[str, Any] | None, caches: CellCaches
 ) -> dict[str, Any]:
-    kernel = registry.get(cell.kernel)
+    kernel = cell.adapter
     dtype = DTYPES[cell.dtype]
     rep = cell.repeat_dict
     need_grad = cell.pass_ != Pass.FWD

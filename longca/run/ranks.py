@@ -47,7 +47,7 @@ from longca.cp.sharding import granule, make_sharding
 from longca.cp.ulysses import kv_replication
 from longca.kernels.base import Unsupported
 from longca.kernels.registry import load_all, rank_kernel
-from longca.masks.registry import PATTERNS, build_mask, resolve_params
+from longca.masks.registry import build_mask, resolve_params
 from longca.measure.clocks import ClockSampler, no_sampler
 from longca.measure.cooldown import cool_down
 from longca.measure.env import gpu_clock_state
@@ -162,7 +162,7 @@ def runtime_refusal(cell: Cell, kernel: Any) -> None:
     before any process starts; this repeats it for cells built by hand)."""
     u, _, _ = resolve_degrees(cell.cp_mechanism, cell.world_size, dict(cell.cp_degrees))
     kv_replication(cell.heads_q, cell.heads_kv, u)
-    if PATTERNS[cell.mask].family == "dynamic":
+    if cell.pattern.family == "dynamic":
         params = resolve_params(cell.mask, dict(cell.mask_params))
         if params.get("score") != "random":
             raise Unsupported(

@@ -14,10 +14,8 @@ from typing import Any
 import torch
 
 from longca.cp.mechanisms import resolve_degrees
-from longca.kernels import registry
 from longca.kernels.base import Unsupported
 from longca.masks.mask import Mask
-from longca.masks.registry import PATTERNS
 from longca.measure.env import environment
 from longca.measure.flops import attention_flops
 from longca.measure.peak import peak_tflops
@@ -41,7 +39,7 @@ def _cp_degrees(cell: Cell) -> str | None:
 
 def cell_columns(cell: Cell) -> dict[str, Any]:
     """The columns a cell's rows share, measured or modelled: identity, shape, mask and CP layout."""
-    pattern = PATTERNS.get(cell.mask)
+    pattern = cell.pattern
     return {
         "spec": cell.spec,
         "sweep": cell.sweep,
@@ -73,10 +71,10 @@ def cell_columns(cell: Cell) -> dict[str, Any]:
 
 def base_row(cell: Cell) -> dict[str, Any]:
     """Identity, shape, mask, CP and environment columns of a cell (no measurement)."""
-    pattern = PATTERNS.get(cell.mask)
+    pattern = cell.pattern
     row = {**cell_columns(cell), "run_id": RUN_ID, "timestamp": datetime.now(UTC)}
     try:
-        kernel = registry.get(cell.kernel)
+        kernel = cell.adapter
         row["kernel_family"] = kernel.caps.family
         # CP per-rank kernels take (B, H, S, D) shards
         row["layout"] = Layout.BHSD.value if cell.cp_mechanism else kernel.layout

@@ -10,7 +10,6 @@ from typing import Any
 
 import torch
 
-from longca.kernels import registry
 from longca.kernels.base import (
     DTYPES,
     backward_refusal,
@@ -23,7 +22,7 @@ from longca.kernels.base import (
 )
 from longca.masks.forms import forms_of
 from longca.masks.mask import Mask
-from longca.masks.registry import PATTERNS, resolve_params
+from longca.masks.registry import resolve_params
 from longca.measure.reference_cache import host_memory
 from longca.spec.cells import Cell
 from longca.vocab import Pass
@@ -33,12 +32,12 @@ def planned_unsupported(cell: Cell) -> str | None:
     """Reason a cell cannot run, known from declared capabilities alone (no device touched). A CP
     cell asks the kernel's per-rank capabilities (whether it can be a per-rank kernel at all is a
     validation error, longca.spec.validate)."""
-    kernel = registry.get(cell.kernel)
+    kernel = cell.adapter
     if cell.cp_mechanism is not None:
         return rank_unsupported_reason(
-            kernel.caps, device=cell.device, dtype=cell.dtype, block_sparse=PATTERNS[cell.mask].family == "dynamic"
+            kernel.caps, device=cell.device, dtype=cell.dtype, block_sparse=cell.pattern.family == "dynamic"
         )
-    pattern = PATTERNS[cell.mask]
+    pattern = cell.pattern
     block = resolve_params(cell.mask, dict(cell.mask_params)).get("block") if pattern.family == "dynamic" else None
     return static_unsupported_reason(
         kernel.caps,
@@ -55,7 +54,7 @@ def planned_unsupported(cell: Cell) -> str | None:
 
 
 def runtime_unsupported(cell: Cell, device: torch.device) -> str | None:
-    kernel = registry.get(cell.kernel)
+    kernel = cell.adapter
     caps = kernel.caps
     if not package_available(caps.package):
         return f"{caps.package} not installed"

@@ -17,6 +17,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from longca.kernels import registry
+from longca.kernels.base import Kernel
+from longca.masks.pattern import MaskPattern
 from longca.masks.registry import PATTERNS
 from longca.spec.model import LATE_TOLERANCES, MaskChoice, Spec, Sweep
 from longca.vocab import Balance, Mechanism, Pass, axis_name, normalise
@@ -89,6 +92,16 @@ class Cell:
             return None
         parts = [f"{k}{v}" for k, v in self.cp_degrees] + ([self.cp_balance] if self.cp_balance else [])
         return "-".join(parts) or "default"
+
+    @cached_property
+    def adapter(self) -> Kernel:
+        """The cell's kernel adapter, looked up once (KeyError naming the kernels for an unknown one)."""
+        return registry.get(self.kernel)
+
+    @cached_property
+    def pattern(self) -> MaskPattern | None:
+        """The cell's mask pattern, looked up once (None for a name no pattern has)."""
+        return PATTERNS.get(self.mask)
 
     @cached_property  # frozen, so computed once: planning thousands of cells asks for it often
     def digest(self) -> str:
@@ -221,8 +234,6 @@ def comparators(agree_with: Iterable[str], kernel: str) -> tuple[str, ...]:
     """The kernels of `agree_with` that compute what `kernel` computes (`Capabilities.computes`):
     only they can check it at full length (a softmax kernel cannot check a linear-attention one, nor
     GLA gated DeltaNet)."""
-    from longca.kernels import registry  # imports the adapters: only for specs that ask for agreement
-
     computes = registry.get(kernel).caps.computes
     return tuple(name for name in agree_with if registry.get(name).caps.computes == computes)
 

@@ -784,3 +784,17 @@ def test_the_cpu_allocators_refusal_is_an_oom():
     exc = RuntimeError("[enforce fail at alloc_cpu.cpp:121] DefaultCPUAllocator: can't allocate memory: you tried ...")
     assert classify(exc)[0] == "oom"
     assert classify(RuntimeError("some other failure"))[0] == "error"
+
+
+def test_a_cell_looks_its_kernel_and_mask_up_once(monkeypatch):
+    """The cell carries its adapter and pattern (Cell.adapter, Cell.pattern): running it asks the
+    registry for its kernel once, however many steps use it."""
+    from longca.kernels import registry
+
+    calls = []
+    real = registry.get
+    monkeypatch.setattr(registry, "get", lambda name: (calls.append(name), real(name))[1])
+    (cell,) = [c for c in expand(spec("[naive]", masks="[full_document]")) if c.pass_ == "bwd"]
+    rows = run_cell(cell)
+    assert [r["status"] for r in rows] == ["ok", "ok"]  # two mask draws, each checked and timed
+    assert calls == ["naive"]
