@@ -67,6 +67,10 @@ COMMANDS = {
     "pip install -e '.[slurm]'": "ci",
     "cp -r profiles/slurm profiles/mycluster": "run",
     "snakemake --profile profiles/mycluster --config spec=specs/h200.yaml": "dry",
+    'pip install -e ".[test,mutation]"': "mutation",
+    'mutmut run "longca.store.*" "longca.run.*" "longca.measure.stats.*" "longca.measure.flops.*" '
+    '"longca.cp.sharding.*"': "mutation",
+    "mutmut results": "mutation",
 }
 
 
@@ -282,3 +286,18 @@ def test_the_sql_examples_run_on_the_published_set():
     for q in queries:
         rows = duckdb.connect().execute(q.replace("'results/", f"'{ROOT}/results/")).fetchall()
         assert rows
+
+
+def test_the_mutation_commands_name_what_mutmut_is_set_to_mutate():
+    """The mutation run takes minutes per module (README, Reliability): not run here, but each
+    pattern it names must match modules `pyproject.toml` lets mutmut mutate, and the extra exists."""
+    import fnmatch
+    import shlex
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    assert project["project"]["optional-dependencies"]["mutation"] == ["mutmut==3.8.1"]
+    modules = [p.removesuffix(".py").replace("/", ".") for p in project["tool"]["mutmut"]["only_mutate"]]
+    run = next(c for c, how in COMMANDS.items() if how == "mutation" and c.startswith("mutmut run"))
+    for pattern in shlex.split(run)[2:]:
+        assert any(fnmatch.fnmatch(m + ".x_f", pattern) for m in modules), pattern

@@ -16,7 +16,7 @@ def tolerance(cell: Cell) -> tuple[float, float]:
     """(output, gradient) tolerances of the cell's dtype from its `check` settings."""
     tol = cell.check_dict["tolerance"]
     out_tol = float(tol[cell.dtype])
-    return out_tol, out_tol * float(tol.get("grad_factor", 3.0))
+    return out_tol, out_tol * float(tol["grad_factor"])  # the spec's defaults always hold one
 
 
 def check_length(cell: Cell, granule: int = 1) -> int:

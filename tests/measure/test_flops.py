@@ -21,3 +21,14 @@ def test_exact_causal_area_not_half_square():
     m = build_mask("causal", 1001)
     assert m.area == 1001 * 1002 // 2
     assert attention_flops(m.area, 1, 8, "fwd") == 4 * 1001 * 1002 // 2 * 8
+
+
+def test_an_unknown_pass_names_the_allowed_ones():
+    import pytest
+
+    from longca.measure.flops import attention_flops
+    from longca.vocab import PASS_FLOP_FACTOR
+
+    with pytest.raises(ValueError) as err:
+        attention_flops(10.0, 1, 8, "sideways")
+    assert str(err.value) == f"unknown pass 'sideways'; allowed: {sorted(PASS_FLOP_FACTOR)}"

@@ -84,10 +84,12 @@ def test_nan_never_passes():
     assert "dq=nan" in check.check_verdict(_cell(pass_="bwd"), _errors(dq=math.nan))
 
 
-def test_a_check_without_grad_factor_makes_gradients_three_times_looser():
+def test_a_spec_without_grad_factor_gets_the_default_three():
     cell = _cell(dtype="float16", check_block="check: {tolerance: {float16: 0.02}}")
     assert check.tolerance(cell) == (0.02, pytest.approx(0.06))
 
 
 def test_the_default_granule_is_one_token():
-    assert check.check_length(_cell(seqlen=8193)) == 8192
+    odd = _cell(seqlen=8193, check_block="check: {max_seqlen: 8191}")
+    assert check.check_length(odd) == 8191
+    assert check.check_length(_cell(seqlen=8192), 3000) == 8192  # a cell at the check length keeps it

@@ -349,3 +349,39 @@ def test_lengths_in_the_terminal_line():
     cell = _cell()
     for n, text in ((1024, "1K"), (1536, "1536"), (1 << 20, "1M"), (3 << 20, "3M"), (1000, "1000"), (512, "512")):
         assert f" {text} " in rows.cell_line(dataclasses.replace(cell, seqlen=n), "ok")
+
+
+def test_a_rows_environment_is_of_the_device_that_runs_it(monkeypatch):
+    import dataclasses
+
+    monkeypatch.setattr(rows, "environment", lambda device: {"device": device, "device_name": f"name of {device}"})
+    cpu = rows.base_row(_cell())
+    assert (cpu["device"], cpu["device_name"]) == ("cpu", "name of cpu")
+    cuda_cell = dataclasses.replace(_cell(), device="cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert rows.base_row(cuda_cell)["device"] == "cuda"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert rows.base_row(cuda_cell)["device"] == "cpu"  # a refusal recorded where there is no GPU
+    seen = []
+    monkeypatch.setattr(rows, "peak_tflops", lambda device, name, dtype: (seen.append(name), (1e9, "t"))[1])
+    rows.gate_peak({"dtype": "float32", "tflops": 1.0, "status": "ok", "reason": None}, torch.device("cpu"))
+    assert seen == ["name of cpu"]
+
+
+def test_a_single_device_row_has_its_kernels_layout_and_a_cp_row_bhsd():
+    import dataclasses
+
+    fa4 = dataclasses.replace(_cell(), kernel="fa4")  # a bshd kernel (registered whether or not installed)
+    assert rows.base_row(fa4)["layout"] == "bshd"
+    (cp,) = _cells(CP_SPEC)
+    assert rows.base_row(dataclasses.replace(cp, kernel="fa4"))["layout"] == "bhsd"  # CP ranks take (B, H, S, D)
+
+
+def test_mask_params_that_json_cannot_hold_are_written_as_text():
+    import dataclasses
+
+    import numpy as np
+
+    mask = build_mask("full", 16)
+    odd = dataclasses.replace(mask, params={"count": np.int64(3), "b": 1})
+    assert rows.mask_columns(odd, 0)["mask_params"] == '{"b": 1, "count": "3"}'
