@@ -53,8 +53,9 @@ def test_first_sample_is_read_at_once_the_rest_after_the_last_call():
 @pytest.fixture
 def virtual_clock(monkeypatch):
     """time.perf_counter and time.sleep on a clock that only sleeping advances: the walls below are
-    exact on any machine, under any load (real sleeps with upper bounds flaked on a busy CI)."""
-    now = [0.0]
+    exact on any machine, under any load (real sleeps with upper bounds flaked on a busy CI). It
+    starts far from zero, so a wall taken as a sum of two readings instead of their difference shows."""
+    now = [5000.0]
     monkeypatch.setattr(time, "perf_counter", lambda: now[0])
     monkeypatch.setattr(time, "sleep", lambda s: now.__setitem__(0, now[0] + s))
     return now
@@ -193,3 +194,27 @@ def test_ranks_of_different_paces_issue_the_same_calls():
         t.join()
     assert errors == []
     assert timings[0].timed_iters == timings[1].timed_iters >= 6
+
+
+@pytest.mark.parametrize(
+    "first_ms, iters, min_iters, budget_s, planned",
+    [
+        (10.0, 1000, 3, 2.0, 200),  # 2 s of 10 ms calls
+        (10.0, 50, 3, 2.0, 50),  # the count caps
+        (1000.0, 1000, 3, 2.0, 3),  # the floor: 2 calls fit, 3 are taken
+        (0.0, 7, 1, 1.0, 7),  # a call too short to read: the count caps, no division by zero
+        (0.5, 10**9, 1, 1.0, 2000),
+        (3.0, 10**9, 1, 1.0, 333),  # int(333.33)
+    ],
+)
+def test_planned_iterations_by_hand(first_ms, iters, min_iters, budget_s, planned):
+    from longca.measure.timer import _plan_iters
+
+    assert _plan_iters(first_ms, iters, min_iters, budget_s) == planned
+
+
+def test_a_call_of_almost_no_time_plans_by_a_microsecond_floor():
+    from longca.measure.timer import _plan_iters
+
+    # 1e-9 ms reads as 1e-6 ms: 1 s of budget is 1e9 calls, where the true pace would say 1e12
+    assert _plan_iters(1e-9, 10**15, 1, 1.0) == 10**9
